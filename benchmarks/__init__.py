@@ -1,0 +1,1 @@
+"""Benchmark scripts: each prints measured ratios against a baseline run side by side."""

@@ -1,0 +1,102 @@
+"""The ``carls-dask`` command line.
+
+Each subcommand lives in a function ``_cmd_<name>`` taking the parsed arguments and returning an
+exit status. Subcommands import their heavy dependencies lazily, so ``carls-dask --help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from carls_dask import __version__
+from carls_dask.errors import CarlsError
+
+__all__ = ["build_parser", "main"]
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    import dask
+    import distributed
+    import numpy
+    import torch
+    import xarray
+    import zarr
+
+    out = sys.stdout
+    out.write(f"carls-dask {__version__}\n")
+    for mod in (dask, distributed, numpy, torch, xarray, zarr):
+        out.write(f"  {mod.__name__} {mod.__version__}\n")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from carls_dask.demo import run_demo
+
+    run_demo()
+    return 0
+
+
+def _not_yet(name: str) -> Handler:
+    def handler(args: argparse.Namespace) -> int:
+        sys.stderr.write(f"carls-dask {name}: not available in carls-dask {__version__}\n")
+        return 2
+
+    return handler
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="carls-dask",
+        description="Trainers, knowledge makers and a sharded knowledge bank on a Dask cluster.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("version", help="print the versions of carls-dask and its main dependencies")
+    p.set_defaults(handler=_cmd_version)
+
+    p = sub.add_parser("demo", help="run a small end-to-end demo on a LocalCluster")
+    p.set_defaults(handler=_cmd_demo)
+
+    p = sub.add_parser("bank", help="inspect, snapshot or restore a knowledge bank store")
+    p.set_defaults(handler=_not_yet("bank"))
+
+    p = sub.add_parser("run", help="run a learning paradigm and write a run folder")
+    p.set_defaults(handler=_not_yet("run"))
+
+    p = sub.add_parser("dashboard", help="serve the Panel dashboard of a run folder")
+    p.set_defaults(handler=_not_yet("dashboard"))
+
+    p = sub.add_parser("bench", help="run a benchmark script and print its measured ratios")
+    p.set_defaults(handler=_not_yet("bench"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``carls-dask`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Dask's own INFO chatter (cluster start/stop) only with -vv.
+    dask_level = logging.DEBUG if args.verbose >= 2 else logging.WARNING
+    for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core", "distributed.http"):
+        logging.getLogger(name).setLevel(dask_level)
+    try:
+        status: int = args.handler(args)
+    except CarlsError as exc:
+        sys.stderr.write(f"carls-dask {args.command}: error: {exc}\n")
+        return 1
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""dashboards package of carls-dask."""

@@ -1,0 +1,1 @@
+"""paradigms package of carls-dask."""

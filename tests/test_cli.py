@@ -1,0 +1,41 @@
+"""The ``carls-dask`` console entry point."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from carls_dask import __version__
+from carls_dask.cli import build_parser, main
+
+
+def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for name in ("version", "demo", "bank", "run", "dashboard", "bench"):
+        assert name in out
+
+
+def test_version_prints_package_and_dependency_versions(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["version"]) == 0
+    out = capsys.readouterr().out
+    assert f"carls-dask {__version__}" in out
+    assert "torch 2.13.0" in out
+
+
+def test_unknown_subcommand_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["frobnicate"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
+
+
+def test_console_script_is_installed() -> None:
+    exe = shutil.which("carls-dask") or str(__import__("pathlib").Path(sys.executable).with_name("carls-dask"))
+    out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=120, check=True)
+    assert "usage: carls-dask" in out.stdout
