@@ -5,6 +5,31 @@ Nothing here imports Dask or torch: the package reads and writes numpy arrays to
 
 from __future__ import annotations
 
+from storage.deltalog import DeltaLog, DeltaRecord, replay, tail_seq
 from storage.errors import CarlsError
+from storage.snapshots import (
+    SnapshotHandle,
+    begin_snapshot,
+    commit_snapshot,
+    list_snapshots,
+    prune_snapshots,
+    read_manifest,
+    read_snapshot,
+    write_shard,
+)
 
-__all__ = ["CarlsError"]
+__all__ = [
+    "CarlsError",
+    "DeltaLog",
+    "DeltaRecord",
+    "SnapshotHandle",
+    "begin_snapshot",
+    "commit_snapshot",
+    "list_snapshots",
+    "prune_snapshots",
+    "read_manifest",
+    "read_snapshot",
+    "replay",
+    "tail_seq",
+    "write_shard",
+]

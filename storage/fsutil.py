@@ -1,0 +1,166 @@
+"""Small file-system helpers for durable, atomic writes: fsync, atomic JSON replace, writer locks.
+
+Everything here is plain POSIX through :mod:`os`; nothing imports Zarr, so the helpers are shared by the
+snapshot, delta-log and metric modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pathlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from storage.errors import CorruptStoreError, DeadlineExceeded, StoreLockedError, StoreNotFoundError
+
+__all__ = [
+    "WriterLock",
+    "atomic_write_json",
+    "fsync_dir",
+    "fsync_tree",
+    "read_json",
+    "short_lock",
+]
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Flush a directory's entries (new, renamed or removed names) to disk."""
+    fd = os.open(os.fspath(path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: str | os.PathLike[str]) -> int:
+    """Fsync every file and directory below ``path`` (inclusive); return the bytes of the files."""
+    total = 0
+    for dirpath, _dirnames, filenames in os.walk(os.fspath(path)):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                total += os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+        fsync_dir(dirpath)
+    return total
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically: temp file, fsync, ``os.replace``, fsync the folder.
+
+    A reader sees either the old file or the complete new one, never a torn mix, even if the process
+    is killed part-way.
+    """
+    target = pathlib.Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    data = json.dumps(obj, indent=1, sort_keys=True).encode()
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, target)
+    fsync_dir(target.parent)
+
+
+def read_json(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
+    """Read a JSON object, turning a missing or unreadable file into a project error naming ``what``."""
+    p = pathlib.Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise StoreNotFoundError(f"{what}: no file at {p}") from None
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:
+        raise CorruptStoreError(f"{what}: {p} is not valid JSON ({exc}); expected a JSON object") from None
+    if not isinstance(obj, dict):
+        raise CorruptStoreError(f"{what}: {p} holds a JSON {type(obj).__name__}; expected a JSON object")
+    return obj
+
+
+class WriterLock:
+    """An exclusive, non-blocking ``flock`` on a lock file: one writer per store or shard.
+
+    The lock is released when :meth:`release` is called or the process exits (the kernel drops it, so a
+    killed writer never leaves a stale lock behind). A second holder, in this process or another, gets
+    :class:`~storage.errors.StoreLockedError` at once instead of waiting.
+
+    Parameters
+    ----------
+    path : path-like
+        The lock file; created if missing.
+    what : str
+        Names the locked object in the error message (e.g. ``"delta log of shard 3 in /run/bank"``).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], what: str) -> None:
+        self.path = pathlib.Path(path)
+        self.what = what
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = ""
+            with contextlib.suppress(OSError):
+                holder = os.pread(self._fd, 200, 0).decode(errors="replace").strip()
+            os.close(self._fd)
+            self._fd = None
+            raise StoreLockedError(
+                f"{what}: another writer holds {self.path}"
+                + (f" ({holder})" if holder else "")
+                + "; expected no other writer (close it first)"
+            ) from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"pid {os.getpid()}".encode(), 0)
+
+    @property
+    def held(self) -> bool:
+        """Whether this object still holds the lock."""
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Release the lock (idempotent)."""
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> WriterLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@contextlib.contextmanager
+def short_lock(path: str | os.PathLike[str], what: str, timeout: float = 30.0) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` for a short read-modify-write, waiting at most ``timeout`` s.
+
+    Raises
+    ------
+    DeadlineExceeded
+        If another process held the lock for longer than ``timeout`` seconds.
+    """
+    fd = os.open(os.fspath(path), os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DeadlineExceeded(
+                        f"{what}: {path} stayed locked for more than {timeout:g} s; expected a short hold"
+                    ) from None
+                time.sleep(0.01)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

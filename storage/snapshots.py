@@ -1,0 +1,691 @@
+"""Versioned bank snapshots in Zarr v3, laid out by hash bucket and committed atomically.
+
+Layout of a bank store (``RUN/bank/``)::
+
+    manifest.json                  committed snapshots, newest last (replaced atomically: the commit point)
+    snapshots/v000007/
+        shard-0000.zarr/           one Zarr v3 group per shard: <table>/keys, <table>/bucket,
+                                   <table>/bucket_offsets, <table>/frequency, <table>/prov/<field>,
+                                   <table>/col/<column>, <table>/slot/<column>/<slot>
+        shard-0000.json            written (atomically) once that shard's arrays are on disk
+        snapshot.json              the version's manifest, written at commit
+    delta/shard-0000/...           the delta log (see :mod:`storage.deltalog`)
+
+Inside a shard's arrays the rows are sorted by bucket, and ``bucket_offsets[b]:bucket_offsets[b + 1]``
+are the rows of bucket ``b``, so a restore onto another shard count reads only the chunks that hold the
+buckets a new shard owns.
+
+A snapshot is written in three steps: :func:`begin_snapshot` makes a new version folder,
+:func:`write_shard` (once per shard, possibly in other processes) writes whole chunks and fsyncs them, and
+:func:`commit_snapshot` writes ``snapshot.json`` and then swaps ``manifest.json``. A process killed before
+the swap leaves the previous snapshot listed, complete and untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+import re
+import shutil
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import zarr
+import zarr.codecs
+
+from storage.errors import (
+    CorruptStoreError,
+    IncompatibleStoreError,
+    InvalidBatchError,
+    InvalidShapeError,
+    LifecycleError,
+    StoreLockedError,
+    StoreNotFoundError,
+)
+from storage.fsutil import atomic_write_json, fsync_dir, fsync_tree, read_json, short_lock
+
+__all__ = [
+    "FORMAT",
+    "SnapshotHandle",
+    "begin_snapshot",
+    "commit_snapshot",
+    "list_snapshots",
+    "prune_snapshots",
+    "read_manifest",
+    "read_snapshot",
+    "shard_info",
+    "write_shard",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Version of the on-disk layout; readers refuse other values.
+FORMAT = 1
+STATE_FORMAT = 1
+KIND = "carls-dask bank"
+MANIFEST = "manifest.json"
+SNAPSHOTS = "snapshots"
+_VERSION_RE = re.compile(r"^v(\d{6,})$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_REQUIRED = ("keys", "bucket", "frequency", "prov/version", "prov/model_step", "prov/maker", "prov/wall_time")
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotHandle:
+    """A snapshot being written; picklable, so shard writers in other processes can receive it.
+
+    Attributes
+    ----------
+    root : str
+        The bank store folder.
+    version : int
+        The version number this snapshot will have once committed.
+    step : int
+        The training step the snapshot belongs to.
+    chunk_rows : int
+        Rows per Zarr chunk.
+    compressor : str
+        ``"none"`` or ``"zstd"``.
+    checksum : bool
+        Whether each chunk carries a CRC32C checksum that reads verify.
+    """
+
+    root: str
+    version: int
+    step: int
+    chunk_rows: int = 65536
+    compressor: str = "none"
+    checksum: bool = True
+
+    @property
+    def path(self) -> pathlib.Path:
+        """The version folder."""
+        return pathlib.Path(self.root) / SNAPSHOTS / _vname(self.version)
+
+
+def _vname(version: int) -> str:
+    return f"v{version:06d}"
+
+
+def _shard_name(shard: int) -> str:
+    return f"shard-{shard:04d}"
+
+
+def _codecs(compressor: str, checksum: bool) -> list[Any] | None:
+    out: list[Any] = []
+    if compressor == "zstd":
+        out.append(zarr.codecs.ZstdCodec(level=1))
+    elif compressor != "none":
+        raise InvalidBatchError(f"snapshot compressor: got {compressor!r}; expected 'none' or 'zstd'")
+    if checksum:
+        out.append(zarr.codecs.Crc32cCodec())
+    return out or None
+
+
+# --------------------------------------------------------------------------------------------- manifest
+
+
+def _empty_manifest() -> dict[str, Any]:
+    return {"format": FORMAT, "kind": KIND, "snapshots": []}
+
+
+def _load_root_manifest(root: pathlib.Path) -> dict[str, Any]:
+    if not root.is_dir():
+        raise StoreNotFoundError(f"bank store {root}: no such folder; expected a folder written by begin_snapshot")
+    path = root / MANIFEST
+    if not path.exists():
+        return _empty_manifest()
+    man = read_json(path, f"bank store {root}")
+    _check_format(man, f"bank store {root} ({MANIFEST})")
+    if not isinstance(man.get("snapshots"), list):
+        raise CorruptStoreError(f"bank store {root}: {MANIFEST} has no 'snapshots' list")
+    return man
+
+
+def _check_format(obj: Mapping[str, Any], what: str) -> None:
+    if obj.get("kind", KIND) != KIND:
+        raise IncompatibleStoreError(f"{what}: kind is {obj.get('kind')!r}; expected {KIND!r}")
+    if obj.get("format") != FORMAT:
+        raise IncompatibleStoreError(
+            f"{what}: format version is {obj.get('format')!r}; this carls-dask reads format {FORMAT}"
+        )
+
+
+def list_snapshots(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Committed snapshots of a bank store, oldest first.
+
+    Each entry holds ``version``, ``step``, ``created`` (unix seconds), ``n_shards``, ``buckets``,
+    ``rows`` (per table), ``bytes`` and ``path`` (relative to ``root``).
+
+    Raises
+    ------
+    StoreNotFoundError
+        If ``root`` is not a folder.
+    IncompatibleStoreError
+        If the store was written in another format version.
+    """
+    return list(_load_root_manifest(pathlib.Path(root))["snapshots"])
+
+
+def _entry(root: pathlib.Path, version: int | None) -> dict[str, Any]:
+    snaps = list_snapshots(root)
+    if not snaps:
+        raise StoreNotFoundError(f"bank store {root}: no committed snapshot; expected at least one")
+    if version is None:
+        return dict(snaps[-1])
+    for e in snaps:
+        if e["version"] == version:
+            return dict(e)
+    have = [e["version"] for e in snaps]
+    raise StoreNotFoundError(f"bank store {root}: no snapshot version {version}; committed versions are {have}")
+
+
+def read_manifest(root: str | os.PathLike[str], version: int | None = None) -> dict[str, Any]:
+    """The manifest of one committed snapshot (the newest when ``version`` is None).
+
+    It holds the fields of :func:`list_snapshots` plus ``meta`` (what the committer passed), ``makers``
+    (maker names; ``prov/maker`` codes returned by :func:`read_snapshot` index this list), ``tables``
+    (per table: rows, and each array's dtype and row shape) and ``shards`` (per shard: its exported
+    ``meta``, rows per table and ``delta_seq``).
+    """
+    rootp = pathlib.Path(root)
+    entry = _entry(rootp, version)
+    man = read_json(rootp / entry["path"] / "snapshot.json", f"snapshot v{entry['version']} of {rootp}")
+    _check_format(man, f"snapshot v{entry['version']} of {rootp}")
+    return man
+
+
+# --------------------------------------------------------------------------------------------- writing
+
+
+def begin_snapshot(
+    root: str | os.PathLike[str],
+    step: int,
+    *,
+    chunk_rows: int = 65536,
+    compressor: str = "none",
+    checksum: bool = True,
+) -> SnapshotHandle:
+    """Start a new snapshot: create its version folder (the store too, if new) and return its handle.
+
+    Parameters
+    ----------
+    root : path-like
+        The bank store folder (created if missing).
+    step : int
+        Training step the snapshot belongs to (``open_bank(step=...)`` uses it).
+    chunk_rows : int
+        Rows per Zarr chunk (``carls.storage.chunk-rows``).
+    compressor : {"none", "zstd"}
+        Chunk compressor (``carls.storage.compressor``).
+    checksum : bool
+        Store a CRC32C per chunk, verified on every read.
+    """
+    rootp = pathlib.Path(root)
+    if int(chunk_rows) < 1:
+        raise InvalidBatchError(f"snapshot of {rootp}: chunk_rows={chunk_rows!r}; expected an integer >= 1")
+    _codecs(compressor, checksum)  # validates the compressor name
+    rootp.mkdir(parents=True, exist_ok=True)
+    _load_root_manifest(rootp)  # refuse foreign or newer stores before writing anything
+    snapdir = rootp / SNAPSHOTS
+    snapdir.mkdir(exist_ok=True)
+    while True:
+        used = [int(m.group(1)) for p in snapdir.iterdir() if (m := _VERSION_RE.match(p.name))]
+        committed = [e["version"] for e in list_snapshots(rootp)]
+        version = max(used + committed + [0]) + 1
+        try:
+            (snapdir / _vname(version)).mkdir()
+        except FileExistsError:  # another process took this number: take the next one
+            continue
+        break
+    fsync_dir(snapdir)
+    handle = SnapshotHandle(str(rootp), version, int(step), int(chunk_rows), compressor, bool(checksum))
+    logger.info("snapshot v%d of %s begun at step %d", version, rootp, step)
+    return handle
+
+
+def _validate_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, np.ndarray]]]:
+    if not isinstance(state, Mapping) or "meta" not in state or "tables" not in state:
+        raise InvalidBatchError(
+            f"shard state: got {type(state).__name__} with keys {sorted(state) if isinstance(state, Mapping) else '-'}; "
+            "expected a dict with 'meta' and 'tables'"
+        )
+    meta = dict(state["meta"])
+    if meta.get("format") != STATE_FORMAT:
+        raise IncompatibleStoreError(
+            f"shard state: meta format is {meta.get('format')!r}; expected {STATE_FORMAT}"
+        )
+    for k in ("shard", "n_shards", "buckets", "owned_buckets"):
+        if k not in meta:
+            raise InvalidBatchError(f"shard state: meta lacks {k!r}; expected shard, n_shards, buckets, owned_buckets")
+    buckets = int(meta["buckets"])
+    tables: dict[str, dict[str, np.ndarray]] = {}
+    for tname, arrays in state["tables"].items():
+        if not _NAME_RE.match(tname):
+            raise InvalidBatchError(f"shard state: table name {tname!r}; expected letters, digits, '_', '.', '-'")
+        missing = [k for k in _REQUIRED if k not in arrays]
+        if missing:
+            raise InvalidBatchError(f"shard state table {tname!r}: missing arrays {missing}; expected {list(_REQUIRED)}")
+        out: dict[str, np.ndarray] = {}
+        n = np.asarray(arrays["keys"]).shape[0]
+        for name, arr in arrays.items():
+            parts = name.split("/")
+            if not all(_NAME_RE.match(p) for p in parts) or (
+                len(parts) > 1 and parts[0] not in ("col", "slot", "prov")
+            ):
+                raise InvalidBatchError(
+                    f"shard state table {tname!r}: array name {name!r}; expected keys, bucket, frequency, "
+                    "prov/<field>, col/<column> or slot/<column>/<slot>"
+                )
+            a = np.asarray(arr)
+            if a.dtype.kind not in "biuf":
+                raise InvalidBatchError(
+                    f"shard state table {tname!r}, array {name!r}: dtype {a.dtype}; expected a numeric dtype"
+                )
+            if a.ndim == 0 or a.shape[0] != n:
+                raise InvalidShapeError(
+                    f"shard state table {tname!r}, array {name!r}: shape {a.shape}; expected {n} rows like 'keys'"
+                )
+            out[name] = a
+        if out["keys"].ndim != 1 or out["keys"].dtype != np.int64:
+            raise InvalidBatchError(f"shard state table {tname!r}: keys {out['keys'].dtype}{out['keys'].shape}; expected int64[n]")
+        b = out["bucket"]
+        if n and (b.min() < 0 or b.max() >= buckets):
+            raise InvalidBatchError(
+                f"shard state table {tname!r}: bucket values in [{b.min()}, {b.max()}]; expected [0, {buckets})"
+            )
+        tables[tname] = out
+    return meta, tables
+
+
+def _sorted_by_bucket(arrays: dict[str, np.ndarray], buckets: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    bucket = arrays["bucket"].astype(np.int64, copy=False)
+    if bucket.size and np.any(bucket[1:] < bucket[:-1]):
+        order = np.argsort(bucket, kind="stable")
+        arrays = {k: np.take(v, order, axis=0) for k, v in arrays.items()}
+        bucket = bucket[order]
+    offsets = np.searchsorted(bucket, np.arange(buckets + 1), side="left").astype(np.int64)
+    return arrays, offsets
+
+
+def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: int | None = None) -> dict[str, Any]:
+    """Write one shard's exported state into the snapshot as whole Zarr chunks, then fsync it.
+
+    Parameters
+    ----------
+    handle : SnapshotHandle
+        From :func:`begin_snapshot`.
+    state : dict
+        ``ShardCore.export_state()`` output (``{"meta": ..., "tables": ...}``).
+    delta_seq : int, optional
+        Sequence number of the last delta-log record this state includes. By default the current tail of
+        this shard's delta log under ``handle.root`` (right when the shard's writer is the caller).
+
+    Returns
+    -------
+    dict
+        The shard's entry (rows per table, bytes, delta_seq), also written to ``shard-NNNN.json``.
+
+    Raises
+    ------
+    StoreLockedError
+        If this shard is already written or being written in this snapshot.
+    LifecycleError
+        If the snapshot is already committed or its folder is gone.
+    """
+    from storage.deltalog import tail_seq  # deltalog imports this module's helpers
+
+    t0 = time.perf_counter()
+    meta, tables = _validate_state(state)
+    shard = int(meta["shard"])
+    vdir = handle.path
+    what = f"snapshot v{handle.version} of {handle.root}, shard {shard}"
+    if not vdir.is_dir():
+        raise LifecycleError(f"{what}: version folder {vdir} is missing; expected one made by begin_snapshot")
+    if (vdir / "snapshot.json").exists():
+        raise LifecycleError(f"{what}: the snapshot is already committed; begin a new one")
+    marker = vdir / f"{_shard_name(shard)}.writing"
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        raise StoreLockedError(f"{what}: another writer already writes this shard ({marker} exists)") from None
+    os.write(fd, f"pid {os.getpid()}".encode())
+    os.close(fd)
+    if (vdir / f"{_shard_name(shard)}.json").exists() or (vdir / f"{_shard_name(shard)}.zarr").exists():
+        marker.unlink()
+        raise StoreLockedError(f"{what}: this shard is already written in this snapshot; expected one writer")
+    if delta_seq is None:
+        delta_seq = tail_seq(handle.root, shard)
+    buckets = int(meta["buckets"])
+    compressors = _codecs(handle.compressor, handle.checksum)
+    group = zarr.open_group(str(vdir / f"{_shard_name(shard)}.zarr"), mode="w-", zarr_format=3)
+    info_tables: dict[str, Any] = {}
+    for tname, arrays in tables.items():
+        arrays, offsets = _sorted_by_bucket(arrays, buckets)
+        arrays["bucket_offsets"] = offsets
+        described: dict[str, Any] = {}
+        for name, a in arrays.items():
+            rows = handle.chunk_rows if name != "bucket_offsets" else max(1, a.shape[0])
+            z = group.create_array(
+                f"{tname}/{name}",
+                shape=a.shape,
+                dtype=a.dtype,
+                chunks=(max(1, min(rows, a.shape[0])), *a.shape[1:]),
+                compressors=compressors,
+                fill_value=0,
+            )
+            if a.size:
+                z[...] = a
+            if name != "bucket_offsets":
+                described[name] = {"dtype": a.dtype.str, "shape": list(a.shape[1:])}
+        info_tables[tname] = {"rows": int(arrays["keys"].shape[0]), "arrays": described}
+    nbytes = fsync_tree(vdir / f"{_shard_name(shard)}.zarr")
+    info = {
+        "shard": shard,
+        "meta": _jsonable(meta),
+        "tables": info_tables,
+        "bytes": nbytes,
+        "delta_seq": int(delta_seq),
+        "chunk_rows": handle.chunk_rows,
+    }
+    atomic_write_json(vdir / f"{_shard_name(shard)}.json", info)
+    marker.unlink()
+    fsync_dir(vdir)
+    dt = time.perf_counter() - t0
+    logger.info("%s: wrote %.1f MB in %.2f s", what, nbytes / 1e6, dt)
+    return info
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def shard_info(handle: SnapshotHandle, shard: int) -> dict[str, Any] | None:
+    """The entry :func:`write_shard` left for ``shard`` in this snapshot, or None if not written yet."""
+    path = handle.path / f"{_shard_name(shard)}.json"
+    return read_json(path, f"snapshot v{handle.version}, shard {shard}") if path.exists() else None
+
+
+def commit_snapshot(handle: SnapshotHandle, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Commit a snapshot whose shards are all written: write ``snapshot.json``, then swap the manifest.
+
+    Parameters
+    ----------
+    handle : SnapshotHandle
+        From :func:`begin_snapshot`.
+    meta : dict, optional
+        JSON-able bank-level facts to keep (name, table specs, config, ...). ``meta["n_shards"]``, if
+        given, is the number of shards that must be present; otherwise the shards' own ``n_shards``.
+
+    Returns
+    -------
+    dict
+        The new manifest entry (as listed by :func:`list_snapshots`).
+
+    Raises
+    ------
+    LifecycleError
+        If a shard is missing or the snapshot is already committed; nothing is changed.
+    CorruptStoreError
+        If the shards disagree (bucket counts, overlapping owned buckets).
+    """
+    meta = _jsonable(dict(meta or {}))
+    vdir = handle.path
+    what = f"snapshot v{handle.version} of {handle.root}"
+    if not vdir.is_dir():
+        raise LifecycleError(f"{what}: version folder {vdir} is missing; expected one made by begin_snapshot")
+    if (vdir / "snapshot.json").exists():
+        raise LifecycleError(f"{what}: already committed")
+    infos = {}
+    for p in sorted(vdir.glob("shard-*.json")):
+        info = read_json(p, what)
+        infos[int(info["shard"])] = info
+    if not infos:
+        raise LifecycleError(f"{what}: no shard was written; expected write_shard before commit_snapshot")
+    n_shards = int(meta.get("n_shards", next(iter(infos.values()))["meta"]["n_shards"]))
+    missing = sorted(set(range(n_shards)) - set(infos))
+    if missing:
+        raise LifecycleError(
+            f"{what}: shards {missing} are not written; expected all of 0..{n_shards - 1} before commit"
+        )
+    buckets = {int(i["meta"]["buckets"]) for i in infos.values()}
+    if len(buckets) != 1:
+        raise CorruptStoreError(f"{what}: shards disagree on the bucket count ({sorted(buckets)}); expected one")
+    owned: dict[int, int] = {}
+    for s, info in infos.items():
+        for b in info["meta"]["owned_buckets"]:
+            if b in owned:
+                raise CorruptStoreError(f"{what}: bucket {b} is owned by shards {owned[b]} and {s}; expected one owner")
+            owned[b] = s
+    makers: list[str] = []
+    for s in sorted(infos):
+        for m in infos[s]["meta"].get("makers", []):
+            if m not in makers:
+                makers.append(m)
+    tables: dict[str, Any] = {}
+    for s in sorted(infos):
+        for tname, t in infos[s]["tables"].items():
+            cur = tables.setdefault(tname, {"rows": 0, "arrays": t["arrays"]})
+            cur["rows"] += t["rows"]
+            if cur["arrays"] != t["arrays"]:
+                raise CorruptStoreError(
+                    f"{what}: table {tname!r} has arrays {t['arrays']} on shard {s} but {cur['arrays']} elsewhere"
+                )
+    entry: dict[str, Any] = {
+        "version": handle.version,
+        "step": handle.step,
+        "created": time.time(),
+        "n_shards": n_shards,
+        "buckets": buckets.pop(),
+        "rows": {k: v["rows"] for k, v in tables.items()},
+        "bytes": int(sum(i["bytes"] for i in infos.values())),
+        "path": f"{SNAPSHOTS}/{_vname(handle.version)}",
+    }
+    full = {
+        "format": FORMAT,
+        "kind": KIND,
+        **entry,
+        "meta": meta,
+        "makers": makers,
+        "tables": tables,
+        "shards": {str(s): infos[s] for s in sorted(infos)},
+    }
+    atomic_write_json(vdir / "snapshot.json", full)
+    rootp = pathlib.Path(handle.root)
+    with short_lock(rootp / ".manifest.lock", f"bank store {rootp}"):
+        man = _load_root_manifest(rootp)
+        man["snapshots"] = sorted([*man["snapshots"], entry], key=lambda e: e["version"])
+        atomic_write_json(rootp / MANIFEST, man)
+    logger.info("%s committed: %s rows, %.1f MB", what, entry["rows"], int(entry["bytes"]) / 1e6)
+    return entry
+
+
+def prune_snapshots(root: str | os.PathLike[str], keep: int) -> list[int]:
+    """Delete all but the newest ``keep`` committed snapshots, abandoned partial ones, and covered delta logs.
+
+    The manifest is rewritten first (atomically), then the folders are removed, so a crash in between
+    leaves only unlisted folders that the next prune removes. Delta-log segments whose records all
+    precede the oldest kept snapshot are removed too (never a shard's newest segment).
+
+    Returns
+    -------
+    list of int
+        The versions removed (committed and abandoned).
+    """
+    from storage.deltalog import prune_segments
+
+    rootp = pathlib.Path(root)
+    if int(keep) < 1:
+        raise InvalidBatchError(f"prune of {rootp}: keep={keep!r}; expected an integer >= 1")
+    with short_lock(rootp / ".manifest.lock", f"bank store {rootp}"):
+        man = _load_root_manifest(rootp)
+        snaps = man["snapshots"]
+        drop = snaps[: max(0, len(snaps) - int(keep))]
+        man["snapshots"] = snaps[len(drop) :]
+        if drop:
+            atomic_write_json(rootp / MANIFEST, man)
+    kept = {e["version"] for e in man["snapshots"]}
+    newest = max(kept, default=0)
+    removed = [e["version"] for e in drop]
+    snapdir = rootp / SNAPSHOTS
+    for p in sorted(snapdir.iterdir()) if snapdir.is_dir() else []:
+        m = _VERSION_RE.match(p.name)
+        if not m:
+            continue
+        v = int(m.group(1))
+        # versions above the newest committed may still be being written: leave them alone
+        if v not in kept and v < newest:
+            shutil.rmtree(p, ignore_errors=True)
+            if v not in removed:
+                removed.append(v)
+    if snapdir.is_dir():
+        fsync_dir(snapdir)
+    if man["snapshots"]:
+        oldest = read_manifest(rootp, man["snapshots"][0]["version"])
+        prune_segments(rootp, {int(s): int(i["delta_seq"]) for s, i in oldest["shards"].items()})
+    logger.info("pruned %s from %s", sorted(removed), rootp)
+    return sorted(removed)
+
+
+# --------------------------------------------------------------------------------------------- reading
+
+
+def _chunk_spans(ranges: Iterable[tuple[int, int]], chunk: int, n: int) -> list[tuple[int, int]]:
+    spans: list[tuple[int, int]] = []
+    for a, b in ranges:
+        if b <= a:
+            continue
+        s, e = (a // chunk) * chunk, min(n, -(-b // chunk) * chunk)
+        if spans and s <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], e))
+        else:
+            spans.append((s, e))
+    return spans
+
+
+def _array(group: zarr.Group, name: str) -> zarr.Array:
+    node = group[name]
+    if not isinstance(node, zarr.Array):
+        raise CorruptStoreError(f"{group.store}: {name} is a group; expected an array")
+    return node
+
+
+def _check_chunks(arr: zarr.Array, path: pathlib.Path, what: str) -> None:
+    """Zarr reads a missing chunk as fill values; a snapshot never has one, so a missing file is corruption."""
+    if arr.shape[0] == 0:
+        return
+    n_chunks = -(-arr.shape[0] // arr.chunks[0])
+    trailing = "/".join("0" for _ in arr.shape[1:])
+    for i in range(n_chunks):
+        key = f"c/{i}" + (f"/{trailing}" if trailing else "")
+        if not (path / key).is_file():
+            raise CorruptStoreError(f"{what}: chunk {key} of {path} is missing; expected {n_chunks} chunks")
+
+
+def read_snapshot(
+    root: str | os.PathLike[str],
+    version: int | None = None,
+    buckets: Iterable[int] | np.ndarray | None = None,
+    *,
+    tables: Sequence[str] | None = None,
+    names: Sequence[str] | None = None,
+) -> dict[str, dict[str, np.ndarray]]:
+    """Read a committed snapshot's rows, optionally only those of a set of buckets.
+
+    Parameters
+    ----------
+    root : path-like
+        The bank store.
+    version : int, optional
+        Snapshot version; the newest when None.
+    buckets : iterable of int, optional
+        Only rows of these buckets (a new shard's owned set); only the chunks holding them are read.
+    tables : sequence of str, optional
+        Only these tables.
+    names : sequence of str, optional
+        Only these arrays (``keys`` and ``bucket`` always come along).
+
+    Returns
+    -------
+    dict
+        ``{table: {name: ndarray}}`` in the shard-state format, rows of all shards concatenated (shard by
+        shard, each sorted by bucket). ``prov/maker`` codes index ``read_manifest(root, version)["makers"]``.
+
+    Raises
+    ------
+    StoreNotFoundError, IncompatibleStoreError, CorruptStoreError
+        Missing store or version, other format, or damaged/missing chunks.
+    """
+    rootp = pathlib.Path(root)
+    man = read_manifest(rootp, version)
+    what = f"snapshot v{man['version']} of {rootp}"
+    vdir = rootp / man["path"]
+    want_tables = list(man["tables"]) if tables is None else list(tables)
+    for t in want_tables:
+        if t not in man["tables"]:
+            raise StoreNotFoundError(f"{what}: no table {t!r}; tables are {sorted(man['tables'])}")
+    wanted = None if buckets is None else np.unique(np.asarray(list(buckets) if not isinstance(buckets, np.ndarray) else buckets, dtype=np.int64))
+    makers = man["makers"]
+    out: dict[str, dict[str, list[np.ndarray]]] = {t: {} for t in want_tables}
+    for s_key, info in man["shards"].items():
+        zpath = vdir / f"{_shard_name(int(s_key))}.zarr"
+        if not zpath.is_dir():
+            raise CorruptStoreError(f"{what}: shard store {zpath} is missing; expected one per shard")
+        group = zarr.open_group(str(zpath), mode="r", zarr_format=3)
+        code_map = np.array([makers.index(m) for m in info["meta"].get("makers", [])] or [0], dtype=np.int32)
+        for tname in want_tables:
+            tinfo = info["tables"].get(tname)
+            if tinfo is None:
+                raise CorruptStoreError(f"{what}: shard {s_key} lacks table {tname!r}")
+            arr_names = list(tinfo["arrays"]) if names is None else list(dict.fromkeys(["keys", "bucket", *names]))
+            for nm in arr_names:
+                if nm not in tinfo["arrays"]:
+                    raise StoreNotFoundError(f"{what}: table {tname!r} has no array {nm!r}; it has {sorted(tinfo['arrays'])}")
+            n = int(tinfo["rows"])
+            try:
+                if wanted is None:
+                    spans, mask_of = [(0, n)], None
+                else:
+                    offsets = np.asarray(_array(group, f"{tname}/bucket_offsets")[...])
+                    sel = wanted[(wanted >= 0) & (wanted < offsets.shape[0] - 1)]
+                    ranges = sorted(zip(offsets[sel].tolist(), offsets[sel + 1].tolist(), strict=True))
+                    spans = _chunk_spans(ranges, int(info.get("chunk_rows", 65536)), n)
+                    mask_of = {}
+                    bucket_arr = _array(group, f"{tname}/bucket")
+                    for s, e in spans:
+                        mask_of[(s, e)] = np.isin(np.asarray(bucket_arr[s:e]), wanted)
+                for nm in arr_names:
+                    z = _array(group, f"{tname}/{nm}")
+                    _check_chunks(z, zpath / tname / nm, what)
+                    parts = []
+                    for s, e in spans:
+                        block = np.asarray(z[s:e])
+                        parts.append(block if mask_of is None else block[mask_of[(s, e)]])
+                    if not parts:
+                        parts = [np.zeros((0, *z.shape[1:]), dtype=z.dtype)]
+                    a = np.concatenate(parts) if len(parts) > 1 else parts[0]
+                    if nm == "prov/maker" and a.size:
+                        if a.min() < 0 or a.max() >= code_map.shape[0]:
+                            raise CorruptStoreError(f"{what}: shard {s_key} has maker codes outside its maker list")
+                        a = code_map[a]
+                    out[tname].setdefault(nm, []).append(a)
+            except (CorruptStoreError, StoreNotFoundError):
+                raise
+            except Exception as exc:  # zarr raises assorted errors on damaged chunks (checksum, decode)
+                raise CorruptStoreError(f"{what}: shard {s_key}, table {tname!r} cannot be read: {exc}") from exc
+    return {
+        t: {nm: (np.concatenate(parts) if len(parts) > 1 else parts[0]) for nm, parts in arrs.items()}
+        for t, arrs in out.items()
+    }
