@@ -5,6 +5,7 @@ Nothing here imports Dask or torch: the package reads and writes numpy arrays to
 
 from __future__ import annotations
 
+from storage.bankview import open_bank, read_bank
 from storage.deltalog import DeltaLog, DeltaRecord, replay, tail_seq
 from storage.errors import CarlsError
 from storage.snapshots import (
@@ -26,7 +27,9 @@ __all__ = [
     "begin_snapshot",
     "commit_snapshot",
     "list_snapshots",
+    "open_bank",
     "prune_snapshots",
+    "read_bank",
     "read_manifest",
     "read_snapshot",
     "replay",

@@ -38,6 +38,7 @@ from storage.errors import CorruptStoreError, InvalidBatchError, InvalidShapeErr
 from storage.fsutil import WriterLock, fsync_dir
 
 __all__ = [
+    "MAKERS_TABLE",
     "DeltaLog",
     "DeltaRecord",
     "prune_segments",
@@ -52,6 +53,9 @@ _FRAME = struct.Struct("<4sIQI")
 _SEG_RE = re.compile(r"^seg-(\d{12})\.log$")
 OPS = ("upsert", "delete")
 DELTA = "delta"
+#: Pseudo-table in which a bank shard logs maker names as it registers them: ``keys`` are the shard's maker
+#: codes, ``name_utf8`` (uint8[n, 256]) the UTF-8 names, zero-padded.
+MAKERS_TABLE = "__makers__"
 
 
 @dataclasses.dataclass(frozen=True)

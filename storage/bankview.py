@@ -1,0 +1,352 @@
+"""A bank store as an :class:`xarray.Dataset`: the newest state, or the state as of a past step.
+
+``open_bank(path)`` needs no cluster. When no delta record is newer than the newest snapshot, every
+variable except the ``key`` coordinate (and ``maker``, decoded to names) stays lazy: values are read from
+the shards' Zarr arrays only when indexed or loaded. Otherwise (or with ``step=``) the snapshot and the
+delta-log records after it are merged in memory, last write per key winning.
+
+Variables of a table's dataset: one per column (``embedding`` over ``("key", "dim")``, ...), the
+provenance ``version``, ``model_step``, ``maker`` (names), ``wall_time`` (unix seconds), plus
+``frequency``, ``bucket``, ``shard`` (which saved shard held the row; -1 for rows from the delta log of a
+shard absent from the snapshot) and the optimizer slots as ``slot_<column>_<slot>``.
+
+Row order: the lazy view keeps the stored order (shard by shard, by bucket inside a shard); the merged
+view is sorted by key. Select rows by label (``ds.sel(key=...)``) rather than by position.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+import zarr
+from xarray.backends import BackendArray
+from xarray.core import indexing
+
+from storage.deltalog import MAKERS_TABLE, DeltaRecord, replay
+from storage.errors import CorruptStoreError, StoreNotFoundError, UnknownTableError
+from storage.snapshots import list_snapshots, read_manifest, read_snapshot
+
+__all__ = ["open_bank", "read_bank"]
+
+logger = logging.getLogger(__name__)
+
+_PROV = ("version", "model_step", "maker", "wall_time")
+
+
+class _ShardConcat(BackendArray):
+    """Row-wise concatenation of one array across the shards' Zarr stores, read on demand."""
+
+    def __init__(self, arrays: Sequence[zarr.Array], what: str) -> None:
+        self.arrays = list(arrays)
+        self.what = what
+        first = self.arrays[0]
+        self.dtype = np.dtype(first.dtype)
+        self.shape = (sum(int(a.shape[0]) for a in self.arrays), *first.shape[1:])
+        self.bounds = np.cumsum([0] + [int(a.shape[0]) for a in self.arrays])
+
+    def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
+        return indexing.explicit_indexing_adapter(
+            key, self.shape, indexing.IndexingSupport.BASIC, self._raw_getitem
+        )
+
+    def _raw_getitem(self, key: tuple[Any, ...]) -> np.ndarray:
+        rows, rest = key[0], tuple(key[1:])
+        if isinstance(rows, int | np.integer):
+            start, stop, squeeze = int(rows), int(rows) + 1, True
+        else:
+            start, stop, step = rows.indices(self.shape[0])
+            squeeze = False
+            if step != 1:
+                return self._raw_getitem((slice(start, stop) if step > 0 else slice(stop + 1, start + 1), *rest))[
+                    :: step if step > 0 else -step
+                ][:: 1 if step > 0 else -1]
+        parts = []
+        try:
+            for i, a in enumerate(self.arrays):
+                lo, hi = int(self.bounds[i]), int(self.bounds[i + 1])
+                s, e = max(start, lo), min(stop, hi)
+                if s < e:
+                    parts.append(np.asarray(a[(slice(s - lo, e - lo), *rest)]))
+        except Exception as exc:  # zarr reports damaged chunks with assorted errors
+            raise CorruptStoreError(f"{self.what}: cannot read rows {start}:{stop}: {exc}") from exc
+        if not parts:
+            probe = np.zeros((0, *self.shape[1:]), dtype=self.dtype)[(slice(None), *rest)]
+            out = probe
+        else:
+            out = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return out[0] if squeeze else out
+
+
+def _pick_table(man: Mapping[str, Any], table: str | None, root: pathlib.Path) -> str:
+    tables = list(man["tables"])
+    if table is None:
+        if len(tables) != 1:
+            raise UnknownTableError(f"bank store {root}: holds tables {tables}; pass table= to choose one")
+        return tables[0]
+    if table not in man["tables"]:
+        raise UnknownTableError(f"bank store {root}: no table {table!r}; tables are {tables}")
+    return table
+
+
+def _base_entry(root: pathlib.Path, step: int | None) -> dict[str, Any]:
+    snaps = list_snapshots(root)
+    if not snaps:
+        raise StoreNotFoundError(f"bank store {root}: no committed snapshot; expected at least one")
+    if step is None:
+        return snaps[-1]
+    older = [e for e in snaps if e["step"] <= step]
+    if not older:
+        raise StoreNotFoundError(
+            f"bank store {root}: no snapshot at or before step {step}; the oldest kept is at step {snaps[0]['step']}"
+        )
+    return max(older, key=lambda e: (e["step"], e["version"]))
+
+
+def _decode_names(arrays: Mapping[str, np.ndarray]) -> dict[int, str]:
+    names = {}
+    for code, raw in zip(arrays["keys"].tolist(), arrays["name_utf8"], strict=True):
+        names[int(code)] = bytes(np.asarray(raw, dtype=np.uint8)).rstrip(b"\x00").decode("utf-8", "replace")
+    return names
+
+
+def _merge(
+    base: dict[str, np.ndarray], records: Sequence[DeltaRecord], man: Mapping[str, Any], table: str
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Apply delta records to snapshot rows (last event per key wins); maker codes mapped to one list."""
+    makers = list(man["makers"]) or [""]
+    shard_makers: dict[int, dict[int, str]] = {
+        int(s): dict(enumerate(info["meta"].get("makers", []))) for s, info in man["shards"].items()
+    }
+    names = list(base)
+    chunks: dict[str, list[np.ndarray]] = {k: [v] for k, v in base.items()}
+    ev_keys = [base["keys"]]
+    ev_delete = [np.zeros(base["keys"].shape[0], dtype=bool)]
+    ev_row = [np.arange(base["keys"].shape[0])]
+    n_rows = base["keys"].shape[0]
+    for rec in records:
+        if rec.table == MAKERS_TABLE:
+            shard_makers.setdefault(rec.shard, {}).update(_decode_names(rec.arrays))
+            continue
+        if rec.table != table:
+            continue
+        keys = rec.arrays["keys"]
+        ev_keys.append(keys)
+        if rec.op == "delete":
+            ev_delete.append(np.ones(keys.shape[0], dtype=bool))
+            ev_row.append(np.full(keys.shape[0], -1))
+            continue
+        missing = [k for k in names if k not in rec.arrays and k != "shard"]
+        if missing:
+            raise CorruptStoreError(f"delta record {rec.seq} of shard {rec.shard}, table {table!r}, lacks {missing}")
+        local = shard_makers.get(rec.shard, {})
+        cmap = np.zeros(max(local, default=0) + 1, dtype=np.int32)
+        for code, name in local.items():
+            if name not in makers:
+                makers.append(name)
+            cmap[code] = makers.index(name)
+        for k in names:
+            if k == "shard":
+                chunks[k].append(np.full(keys.shape[0], rec.shard, dtype=np.int32))
+            elif k == "prov/maker":
+                codes = rec.arrays[k]
+                chunks[k].append(cmap[np.clip(codes, 0, cmap.shape[0] - 1)])
+            else:
+                chunks[k].append(rec.arrays[k].astype(base[k].dtype, copy=False))
+        ev_delete.append(np.zeros(keys.shape[0], dtype=bool))
+        ev_row.append(np.arange(n_rows, n_rows + keys.shape[0]))
+        n_rows += keys.shape[0]
+    if len(ev_keys) == 1:
+        return base, makers
+    all_keys = np.concatenate(ev_keys)
+    delete = np.concatenate(ev_delete)
+    row = np.concatenate(ev_row)
+    order = np.argsort(all_keys, kind="stable")  # stable: events of one key stay in replay order
+    sk = all_keys[order]
+    last = np.ones(sk.shape[0], dtype=bool)
+    last[:-1] = sk[1:] != sk[:-1]
+    pick = order[last]
+    pick = pick[~delete[pick]]
+    take = row[pick]
+    rows = {k: np.concatenate(v)[take] for k, v in chunks.items()}
+    return rows, makers
+
+
+def read_bank(
+    root: str | os.PathLike[str],
+    table: str | None = None,
+    step: int | None = None,
+    *,
+    records: Sequence[DeltaRecord] | None = None,
+) -> tuple[dict[str, np.ndarray], list[str], dict[str, Any]]:
+    """Rows of one table as of ``step`` (newest when None): snapshot plus delta log, sorted by key.
+
+    Returns
+    -------
+    arrays, makers, manifest
+        Shard-state-format arrays (plus ``shard``), the maker names that ``prov/maker`` indexes, and
+        the manifest of the snapshot used as base.
+    """
+    rootp = pathlib.Path(root)
+    entry = _base_entry(rootp, step)
+    man = read_manifest(rootp, entry["version"])
+    tname = _pick_table(man, table, rootp)
+    base = read_snapshot(rootp, entry["version"], tables=[tname])[tname]
+    shard_col = np.concatenate(
+        [np.full(info["tables"][tname]["rows"], int(s), dtype=np.int32) for s, info in man["shards"].items()]
+        or [np.zeros(0, np.int32)]
+    )
+    base["shard"] = shard_col
+    if records is None:
+        records = list(replay(rootp, since_version=entry["version"], until_step=step, tables=[tname, MAKERS_TABLE]))
+    rows, makers = _merge(base, records, man, tname)
+    order = np.argsort(rows["keys"], kind="stable")
+    return {k: v[order] for k, v in rows.items()}, makers, man
+
+
+def _dims_for(man: Mapping[str, Any], table: str, arrays: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Dimension names of every column (from the table spec), renamed where sizes would clash."""
+    spec = man.get("meta", {}).get("tables", {}).get(table)
+    if spec is None:
+        for info in man["shards"].values():
+            spec = info["meta"].get("tables", {}).get(table)
+            if spec:
+                break
+    declared = {c["name"]: tuple(c.get("dims", ())) for c in (spec or {}).get("columns", [])}
+    out: dict[str, tuple[str, ...]] = {}
+    sizes: dict[str, int] = {}
+    for name, desc in arrays.items():
+        if not name.startswith("col/"):
+            continue
+        col = name[4:]
+        shape = list(desc["shape"])
+        dims = declared.get(col, ())
+        if len(dims) != len(shape):
+            dims = tuple(f"{col}_dim{i}" if i else f"{col}_dim" for i in range(len(shape)))
+        fixed = []
+        for d, n in zip(dims, shape, strict=True):
+            if sizes.setdefault(d, n) != n:
+                d = f"{col}_{d}"
+                sizes[d] = n
+            fixed.append(d)
+        out[col] = tuple(fixed)
+    return out
+
+
+def _var_name(name: str) -> str:
+    if name.startswith("col/") or name.startswith("prov/"):
+        return name.split("/", 1)[1]
+    if name.startswith("slot/"):
+        _, col, slot = name.split("/")
+        return f"slot_{col}_{slot}"
+    return name
+
+
+def _build(
+    man: Mapping[str, Any],
+    table: str,
+    keys: np.ndarray,
+    data: Mapping[str, Any],
+    makers: Sequence[str],
+    maker_codes: np.ndarray,
+    attrs: dict[str, Any],
+) -> xr.Dataset:
+    arrays = man["tables"][table]["arrays"]
+    dims = _dims_for(man, table, arrays)
+    variables: dict[str, Any] = {}
+    for name, value in data.items():
+        if name in ("keys", "prov/maker"):
+            continue
+        var = _var_name(name)
+        if name.startswith("col/"):
+            d: tuple[str, ...] = ("key", *dims[name[4:]])
+        elif name.startswith("slot/"):
+            col = name.split("/")[1]
+            d = ("key", *dims.get(col, tuple(f"{var}_dim{i}" for i in range(len(arrays[name]["shape"])))))
+        else:
+            d = ("key",)
+        if var in variables:
+            var = name.replace("/", "_")
+        variables[var] = xr.Variable(d, value, attrs={"units": "unix seconds"} if var == "wall_time" else None)
+    names = np.asarray([*makers, ""], dtype=str)
+    codes = np.where((maker_codes >= 0) & (maker_codes < len(makers)), maker_codes, len(makers))
+    variables["maker"] = xr.Variable(("key",), names[codes])
+    return xr.Dataset(variables, coords={"key": keys}, attrs=attrs)
+
+
+def open_bank(path: str | os.PathLike[str], step: int | None = None, table: str | None = None) -> xr.Dataset:
+    """Open a bank store (``RUN/bank``) as an :class:`xarray.Dataset`; no cluster needed.
+
+    Parameters
+    ----------
+    path : path-like
+        The bank store folder.
+    step : int, optional
+        Read the bank as of this step: the newest snapshot at or before it plus the delta-log records
+        up to it. None reads the newest state.
+    table : str, optional
+        The table to open; may be omitted when the bank has one table.
+
+    Returns
+    -------
+    xarray.Dataset
+        Dims ``key`` plus the columns' own (``dim``, ``class``, ...); attrs ``table``, ``version``,
+        ``step`` (of the base snapshot, or the requested step), ``n_shards``, ``buckets``, ``makers`` and
+        ``spec``/``meta`` (JSON strings).
+
+    Raises
+    ------
+    StoreNotFoundError, IncompatibleStoreError, CorruptStoreError
+        Missing store or snapshot, other format version, damaged data.
+    UnknownTableError
+        If ``table`` is not in the bank (or is needed and missing).
+    """
+    rootp = pathlib.Path(path)
+    entry = _base_entry(rootp, step)
+    man = read_manifest(rootp, entry["version"])
+    tname = _pick_table(man, table, rootp)
+    attrs: dict[str, Any] = {
+        "table": tname,
+        "version": int(man["version"]),
+        "step": int(man["step"] if step is None else step),
+        "snapshot_step": int(man["step"]),
+        "n_shards": int(man["n_shards"]),
+        "buckets": int(man["buckets"]),
+        "spec": json.dumps(man.get("meta", {}).get("tables", {}).get(tname, {})),
+        "meta": json.dumps(man.get("meta", {})),
+    }
+    records = list(replay(rootp, since_version=entry["version"], until_step=step, tables=[tname, MAKERS_TABLE]))
+    if any(r.table == tname for r in records):
+        rows, makers, _ = read_bank(rootp, tname, step, records=records)
+        attrs["makers"] = list(makers)
+        attrs["delta"] = 1
+        return _build(man, tname, rows["keys"], rows, makers, rows["prov/maker"], attrs)
+    # lazy: keys and maker codes are read now; every other variable on access
+    small = read_snapshot(rootp, entry["version"], tables=[tname], names=["prov/maker"])[tname]
+    vdir = rootp / man["path"]
+    groups = [
+        zarr.open_group(str(vdir / f"shard-{int(s):04d}.zarr"), mode="r", zarr_format=3) for s in man["shards"]
+    ]
+    data: dict[str, Any] = {}
+    for name in man["tables"][tname]["arrays"]:
+        if name in ("keys", "prov/maker"):
+            continue
+        zs = []
+        for g in groups:
+            node = g[f"{tname}/{name}"]
+            if not isinstance(node, zarr.Array):
+                raise CorruptStoreError(f"bank store {rootp}: {tname}/{name} is not an array")
+            zs.append(node)
+        data[name] = indexing.LazilyIndexedArray(_ShardConcat(zs, f"bank store {rootp}, {tname}/{name}"))
+    data["shard"] = np.concatenate(
+        [np.full(info["tables"][tname]["rows"], int(s), dtype=np.int32) for s, info in man["shards"].items()]
+    )
+    attrs["makers"] = list(man["makers"])
+    attrs["delta"] = 0
+    return _build(man, tname, small["keys"], data, man["makers"], small["prov/maker"], attrs)
