@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from carls_dask import __version__
+from carls_dask import __version__, dashboard_cli
 from carls_dask.errors import CarlsError
 
 __all__ = ["build_parser", "main"]
@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_not_yet("run"))
 
     p = sub.add_parser("dashboard", help="serve the Panel dashboard of a run folder")
-    p.set_defaults(handler=_not_yet("dashboard"))
+    dashboard_cli.add_arguments(p)
+    p.set_defaults(handler=dashboard_cli.run)
 
     p = sub.add_parser("bench", help="run a benchmark script and print its measured ratios")
     p.set_defaults(handler=_not_yet("bench"))

@@ -1,0 +1,40 @@
+"""Served dashboard of a run: ``panel serve dashboards/app.py --args RUN_PATH`` (or ``CARLS_RUN=RUN_PATH``).
+
+Bind it to localhost, as ``carls-dask dashboard RUN_PATH`` does::
+
+    panel serve dashboards/app.py --address 127.0.0.1 --port 5006 \\
+        --allow-websocket-origin=127.0.0.1:5006 --args runs/cora
+"""
+
+from __future__ import annotations
+
+import sys
+
+import holoviews as hv
+import panel as pn
+
+from carls_dask import config
+from dashboards.dashboard import Dashboard, run_path_from
+from dashboards.runreader import RunReader
+
+pn.extension(sizing_mode="stretch_width", notifications=False)
+hv.extension("bokeh", logo=False)
+
+
+def build() -> pn.viewable.Viewable | pn.viewable.Viewer:
+    """Build the page for the run named on the command line or in ``CARLS_RUN``."""
+    path = run_path_from(sys.argv)
+    if path is None:
+        return pn.pane.Alert(
+            "No run given. Serve with `panel serve dashboards/app.py --args RUN_PATH`, "
+            "run `carls-dask dashboard RUN_PATH`, or set CARLS_RUN.",
+            alert_type="warning",
+        )
+    dash = Dashboard(reader=RunReader(path), period=config.get_seconds("dashboard.refresh"))
+    dash.refresh()
+    dash.start()
+    return dash
+
+
+if __name__.startswith("bokeh_app") or __name__ == "__main__":
+    pn.template.FastListTemplate(title="carls-dask run", main=[build()], theme_toggle=False).servable()

@@ -1,0 +1,99 @@
+"""The whole dashboard of a run: the four views in tabs, refreshed on a throttled periodic callback."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import time
+
+import panel as pn
+import param
+
+from dashboards.runreader import RunReader
+from dashboards.views import CurriculumView, DriftView, HealthView, PseudoLabelView
+
+__all__ = ["Dashboard", "run_path_from"]
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable naming the run folder when none is given on the command line.
+RUN_ENV = "CARLS_RUN"
+
+
+def run_path_from(argv: list[str], environ: dict[str, str] | None = None) -> pathlib.Path | None:
+    """The run folder from ``panel serve ... --args RUN_PATH`` (``argv[1]``) or the ``CARLS_RUN`` variable."""
+    env = os.environ if environ is None else environ
+    if len(argv) > 1 and argv[1]:
+        return pathlib.Path(argv[1])
+    if env.get(RUN_ENV):
+        return pathlib.Path(env[RUN_ENV])
+    return None
+
+
+class Dashboard(pn.viewable.Viewer):
+    """Every view of one run, plus a status line; usable inline in a notebook or served by ``panel serve``.
+
+    Call :meth:`refresh` to read what is new, or :meth:`start` to refresh periodically (in a served
+    app or a live notebook). A refresh that is still running when the next one is due is skipped.
+    """
+
+    reader = param.ClassSelector(class_=RunReader, doc="Reader of the run folder shown.")
+    period = param.Number(default=1.0, bounds=(0.1, 3600.0), doc="Seconds between periodic refreshes.")
+    last_refresh = param.Number(default=0.0, doc="Unix time the last refresh finished.", constant=False)
+    refresh_seconds = param.Number(default=0.0, doc="How long the last refresh took, in seconds.")
+
+    def __init__(self, **params: object) -> None:
+        super().__init__(**params)
+        self.health = HealthView(reader=self.reader)
+        self.drift = DriftView(reader=self.reader)
+        self.pseudo_labels = PseudoLabelView(reader=self.reader)
+        self.curriculum = CurriculumView(reader=self.reader)
+        self.views = (self.health, self.drift, self.pseudo_labels, self.curriculum)
+        self.status = pn.pane.Markdown("", sizing_mode="stretch_width")
+        self._busy = False
+        self._callback: pn.io.PeriodicCallback | None = None
+
+    def refresh(self) -> None:
+        """Read what is new in the run and update every view (skipped while a refresh is running)."""
+        if self._busy:
+            return
+        self._busy = True
+        t0 = time.perf_counter()
+        try:
+            for view in self.views:
+                view.refresh()
+        finally:
+            self._busy = False
+        self.refresh_seconds = time.perf_counter() - t0
+        self.last_refresh = time.time()
+        path = self.reader.path if self.reader is not None else "(none)"
+        self.status.object = (
+            f"run `{path}` &nbsp; refreshed {time.strftime('%H:%M:%S', time.localtime(self.last_refresh))} "
+            f"in {self.refresh_seconds * 1000:.0f} ms, every {self.period:g} s"
+        )
+
+    def start(self) -> pn.io.PeriodicCallback:
+        """Refresh every :attr:`period` seconds from the Panel event loop."""
+        if self._callback is None:
+            self._callback = pn.state.add_periodic_callback(self.refresh, period=int(self.period * 1000))
+        return self._callback
+
+    def stop(self) -> None:
+        """Stop the periodic refresh."""
+        if self._callback is not None:
+            self._callback.stop()
+            self._callback = None
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        return pn.Column(
+            self.status,
+            pn.Tabs(
+                ("Bank health", self.health),
+                ("Embedding drift", self.drift),
+                ("Pseudo labels", self.pseudo_labels),
+                ("Curriculum", self.curriculum),
+                dynamic=False,
+            ),
+            sizing_mode="stretch_width",
+        )

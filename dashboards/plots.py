@@ -1,0 +1,100 @@
+"""Small HoloViews builders shared by the views, and the datashader rendering of 2-D projections."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import colorcet
+import holoviews as hv
+import holoviews.plotting.bokeh  # registers the bokeh backend, so options apply outside a notebook too
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+__all__ = ["bars", "curves", "empty", "heatmap", "render_projection", "stacked_bars"]
+
+WIDTH = 460
+HEIGHT = 260
+
+
+def _opts(element: hv.Element, title: str, **extra: object) -> hv.Element:
+    return element.opts(title=title, width=WIDTH, height=HEIGHT, tools=["hover"], **extra)
+
+
+def empty(title: str, text: str) -> hv.Element:
+    """A blank plot that says why it is blank."""
+    return hv.Text(0.5, 0.5, text).opts(title=title, width=WIDTH, height=HEIGHT, xaxis=None, yaxis=None)
+
+
+def curves(
+    series: Sequence[tuple[str, xr.DataArray]], title: str, xlabel: str = "step", ylabel: str = ""
+) -> hv.Element:
+    """Overlay of named 1-D series over their single dimension."""
+    items = []
+    for name, arr in series:
+        dim = arr.dims[0]
+        x = np.asarray(arr[dim].values, dtype=np.float64)
+        y = np.asarray(arr.values, dtype=np.float64)
+        items.append(hv.Curve((x, y), kdims=[xlabel], vdims=[ylabel or "value"], label=name))
+    if not items:
+        return empty(title, "no data yet")
+    return hv.Overlay(items).opts(title=title, width=WIDTH, height=HEIGHT, legend_position="top_left")
+
+
+def bars(x: Sequence[object] | np.ndarray, y: Sequence[float] | np.ndarray, title: str, xlabel: str, ylabel: str) -> hv.Element:
+    """A bar chart of ``y`` over categories ``x``."""
+    df = pd.DataFrame({xlabel: [str(v) for v in x], ylabel: np.asarray(y, dtype=np.float64)})
+    return _opts(hv.Bars(df, kdims=[xlabel], vdims=[ylabel]), title)
+
+
+def stacked_bars(hist: xr.Dataset, dim: str, parts: Sequence[str], title: str, xlabel: str) -> hv.Element:
+    """Bars over the bins of ``dim`` stacked by the variables ``parts`` of ``hist``."""
+    frames = [
+        pd.DataFrame({xlabel: np.round(hist[dim].values, 3).astype(str), "part": p, "rows": hist[p].values}) for p in parts
+    ]
+    df = pd.concat(frames, ignore_index=True)
+    return _opts(hv.Bars(df, kdims=[xlabel, "part"], vdims=["rows"]), title, stacked=True, xrotation=45)
+
+
+def heatmap(arr: xr.DataArray, title: str, xlabel: str, ylabel: str) -> hv.Element:
+    """A 2-D array as a heat map (first dimension on x)."""
+    xdim, ydim = arr.dims
+    df = arr.to_dataframe(name="value").reset_index()
+    df = df.rename(columns={xdim: xlabel, ydim: ylabel})
+    df[ylabel] = np.round(df[ylabel].astype(float), 3)
+    return _opts(hv.HeatMap(df, kdims=[xlabel, ylabel], vdims=["value"]), title, cmap="viridis", colorbar=True)
+
+
+def render_projection(proj: xr.Dataset, title: str, size: int = 420) -> hv.Element:
+    """Rasterise a projection (``x``, ``y``, ``label`` over ``key``) server-side with datashader.
+
+    Points are counted per pixel and per label and shaded with one colour per label, so the cost and
+    the page size do not grow with the number of points.
+    """
+    import datashader as ds  # imported here: it compiles with numba on first use, views without a map skip that
+    import datashader.transfer_functions as tf
+
+    n = proj.sizes.get("key", 0)
+    if n == 0:
+        return empty(title, "no rows to project")
+    x = proj["x"].values.astype(np.float64)
+    y = proj["y"].values.astype(np.float64)
+    labels = np.asarray(proj["label"].values)
+    cats = [str(c) for c in np.unique(labels)]
+    df = pd.DataFrame({"x": x, "y": y, "label": pd.Categorical(labels.astype(str), categories=cats)})
+    pad_x = max(float(np.ptp(x)) * 0.05, 1e-6)
+    pad_y = max(float(np.ptp(y)) * 0.05, 1e-6)
+    x_range = (float(x.min()) - pad_x, float(x.max()) + pad_x)
+    y_range = (float(y.min()) - pad_y, float(y.max()) + pad_y)
+    canvas = ds.Canvas(plot_width=size, plot_height=size, x_range=x_range, y_range=y_range)
+    agg = canvas.points(df, "x", "y", ds.count_cat("label"))
+    palette = colorcet.palette["glasbey_category10"]  # hex strings
+    key = {c: palette[i % len(palette)] for i, c in enumerate(cats)}
+    img = tf.dynspread(tf.shade(agg, color_key=key, how="eq_hist", min_alpha=80), threshold=0.5, max_px=2)
+    rgba = img.to_numpy().view(np.uint8).reshape(*img.shape, 4)
+    xs = img.coords["x"].values
+    ys = img.coords["y"].values
+    bounds = (xs[0], ys[0], xs[-1], ys[-1])
+    element = hv.RGB(rgba[::-1] if ys[0] < ys[-1] else rgba, bounds=bounds, vdims=["R", "G", "B", "A"])
+    legend = ", ".join(f"{c}" for c in cats[:12]) + (" ..." if len(cats) > 12 else "")
+    return element.opts(title=f"{title} ({n} points; labels {legend})", width=size + 60, height=size, xlabel="x", ylabel="y")

@@ -1,0 +1,229 @@
+"""Read-only access to a run folder for the dashboards: the metric store, bank snapshots, held-out truth.
+
+A run folder holds ``metrics.zarr`` (the metric store, see :mod:`storage.metrics`), ``bank/`` (snapshots
+and delta log, see :mod:`storage.snapshots`) and optionally ``truth.npz`` (held-out labels: int64 arrays
+``keys`` and ``labels``) used to judge pseudo labels. Nothing here takes a lock or writes a file, so a
+dashboard never slows the run it watches; it only re-reads what changed (a file-modification check).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import pathlib
+import time
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from storage.errors import StoreError, StoreNotFoundError
+
+__all__ = ["RunReader", "snapshot_to_dataset"]
+
+logger = logging.getLogger(__name__)
+
+METRICS = "metrics.zarr"
+BANK = "bank"
+TRUTH = "truth.npz"
+
+
+def snapshot_to_dataset(arrays: dict[str, np.ndarray], table: str, makers: list[str] | None = None) -> xr.Dataset:
+    """Turn one table of a shard-state dict (``keys``, ``col/*``, ``prov/*``, ...) into a bank dataset.
+
+    Columns become variables over ``key`` (vector columns get a ``<column>_dim`` dimension), provenance
+    fields keep their names (``version``, ``model_step``, ``maker`` as names, ``wall_time``), and
+    optimizer slots are left out.
+    """
+    keys = np.asarray(arrays["keys"], dtype=np.int64)
+    data: dict[str, Any] = {}
+    for name, arr in arrays.items():
+        if name == "keys" or name.startswith("slot/") or name == "bucket_offsets":
+            continue
+        short = name.split("/", 1)[1] if "/" in name else name
+        arr = np.asarray(arr)
+        if short == "maker" and makers is not None and arr.dtype.kind in "iu":
+            names = np.asarray([*makers, ""], dtype=str)
+            arr = names[np.where((arr >= 0) & (arr < len(makers)), arr, len(makers))]
+        dims = ("key", *(f"{short}_{i}" if i else f"{short}_dim" for i in range(arr.ndim - 1)))
+        data[short] = (dims, arr)
+    return xr.Dataset(data, coords={"key": keys}, attrs={"table": table})
+
+
+def _mtime_ns(path: pathlib.Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+class RunReader:
+    """Read a run folder's metrics and bank, caching immutable snapshots and re-reading only on change.
+
+    Parameters
+    ----------
+    path
+        The run folder.
+    table
+        The bank table the dashboards show.
+    cache_snapshots
+        How many snapshot datasets to keep in memory.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], table: str = "nodes", cache_snapshots: int = 8) -> None:
+        self.path = pathlib.Path(path)
+        self.table = table
+        self._cache: OrderedDict[int, xr.Dataset] = OrderedDict()
+        self._cache_size = cache_snapshots
+        self._metrics: xr.Dataset | None = None
+        self._metrics_stamp: int = -1
+        self._latest: xr.Dataset | None = None
+        self._latest_stamp: tuple[int, ...] = ()
+        self._truth: xr.DataArray | None = None
+        self._truth_stamp = -1
+
+    # ------------------------------------------------------------------ what is there
+
+    @property
+    def metrics_path(self) -> pathlib.Path:
+        """The run's metric store."""
+        return self.path / METRICS
+
+    @property
+    def bank_path(self) -> pathlib.Path:
+        """The run's bank store."""
+        return self.path / BANK
+
+    def problem(self) -> str | None:
+        """A sentence saying why there is nothing to show yet, or ``None`` when the run has data."""
+        if not self.path.exists():
+            return f"Run folder {self.path} does not exist (yet). Start a run that writes there, or pass another RUN_PATH."
+        if not self.path.is_dir():
+            return f"Run path {self.path} is not a folder; expected a run folder with metrics.zarr and bank/."
+        if not self.metrics_path.exists() and not (self.bank_path / "manifest.json").exists():
+            return f"Run folder {self.path} is empty so far: no {METRICS} and no {BANK}/ snapshot. Waiting for the run to write."
+        return None
+
+    # ------------------------------------------------------------------ metrics
+
+    def _metrics_stamp_now(self) -> int:
+        newest = _mtime_ns(self.metrics_path)
+        if self.metrics_path.is_dir():
+            for child in self.metrics_path.iterdir():
+                newest = max(newest, _mtime_ns(child))
+        return newest
+
+    def metrics(self) -> xr.Dataset | None:
+        """The metric series (dimension ``step``), loaded into memory; ``None`` when the run has none.
+
+        Re-reads only when the store changed since the last call.
+        """
+        if not self.metrics_path.exists():
+            return None
+        stamp = self._metrics_stamp_now()
+        if stamp == self._metrics_stamp and self._metrics is not None:
+            return self._metrics
+        try:
+            mod = importlib.import_module("storage.metrics")
+            ds = mod.open_metrics(self.metrics_path)
+            ds = ds.load()
+        except (StoreError, OSError, ValueError, KeyError) as exc:
+            logger.warning("metric store %s not readable yet: %s", self.metrics_path, exc)
+            return self._metrics
+        self._metrics, self._metrics_stamp = ds, stamp
+        return ds
+
+    # ------------------------------------------------------------------ bank
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        """Committed bank snapshots, oldest first (each with ``version`` and ``step``); empty when none."""
+        from storage.snapshots import list_snapshots
+
+        if not (self.bank_path / "manifest.json").exists():
+            return []
+        try:
+            return list_snapshots(self.bank_path)
+        except StoreNotFoundError:
+            return []
+
+    def snapshot(self, version: int) -> xr.Dataset:
+        """The table as of a committed snapshot version (cached: snapshots never change)."""
+        if version in self._cache:
+            self._cache.move_to_end(version)
+            return self._cache[version]
+        from storage.snapshots import read_manifest, read_snapshot
+
+        man = read_manifest(self.bank_path, version)
+        if self.table not in man.get("tables", {}):
+            raise StoreNotFoundError(
+                f"bank store {self.bank_path}: snapshot v{version} has no table {self.table!r}; "
+                f"tables are {sorted(man.get('tables', {}))}"
+            )
+        arrays = read_snapshot(self.bank_path, version, tables=[self.table])[self.table]
+        ds = snapshot_to_dataset(arrays, self.table, list(man.get("makers", [])))
+        ds.attrs.update(version=int(version), step=int(man.get("step", -1)), n_shards=int(man.get("n_shards", 1)))
+        self._cache[version] = ds
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return ds
+
+    def _bank_stamp(self) -> tuple[int, ...]:
+        stamps = [_mtime_ns(self.bank_path / "manifest.json")]
+        delta = self.bank_path / "delta"
+        if delta.is_dir():
+            for shard in sorted(delta.iterdir()):
+                if shard.is_dir():
+                    stamps.extend(_mtime_ns(seg) for seg in sorted(shard.glob("seg-*.log")))
+        return tuple(stamps)
+
+    def latest(self) -> xr.Dataset | None:
+        """The table as it is now (newest snapshot plus the delta log), or ``None`` when there is no bank.
+
+        Uses :func:`storage.open_bank` when storage provides it, else the newest committed snapshot.
+        Re-reads only when the manifest or a delta segment changed.
+        """
+        stamp = self._bank_stamp()
+        if stamp == self._latest_stamp and self._latest is not None:
+            return self._latest
+        snaps = self.snapshots()
+        import storage
+
+        open_bank = getattr(storage, "open_bank", None)
+        try:
+            if open_bank is not None and (self.bank_path / "manifest.json").exists():
+                ds = open_bank(self.bank_path, table=self.table).load()
+            elif snaps:
+                ds = self.snapshot(int(snaps[-1]["version"]))
+            else:
+                return None
+        except StoreNotFoundError:
+            return None
+        except (StoreError, OSError, ValueError, KeyError) as exc:
+            logger.warning("bank store %s not readable yet: %s", self.bank_path, exc)
+            return self._latest
+        if snaps and "n_shards" not in ds.attrs:
+            ds.attrs["n_shards"] = int(snaps[-1].get("n_shards", 1))
+        self._latest, self._latest_stamp = ds, stamp
+        return ds
+
+    # ------------------------------------------------------------------ truth
+
+    def truth(self) -> xr.DataArray | None:
+        """Held-out labels over ``key`` from ``truth.npz``, or ``None`` when the run has none."""
+        p = self.path / TRUTH
+        stamp = _mtime_ns(p)
+        if stamp == 0:
+            return None
+        if stamp != self._truth_stamp:
+            with np.load(p) as z:
+                self._truth = xr.DataArray(
+                    np.asarray(z["labels"], np.int64), dims="key", coords={"key": np.asarray(z["keys"], np.int64)}
+                )
+            self._truth_stamp = stamp
+        return self._truth
+
+    def now(self) -> float:
+        """Current unix time, the reference for staleness."""
+        return time.time()

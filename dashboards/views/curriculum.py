@@ -1,0 +1,72 @@
+"""Curriculum progress view: pacing vs realised sampling, difficulty over time, per-difficulty accuracy."""
+
+from __future__ import annotations
+
+import math
+
+import panel as pn
+import param
+import xarray as xr
+
+from dashboards import metricnames as mn
+from dashboards import plots
+from dashboards.bankdata import has_column
+from dashboards.curriculum import accuracy_by_difficulty, difficulty_histograms, pacing_vs_realised
+from dashboards.views.base import RunView
+
+__all__ = ["CurriculumView"]
+
+
+class CurriculumView(RunView):
+    """Whether the curriculum admits data as its pacing function plans, and how hard the data is."""
+
+    bins = param.Integer(default=20, bounds=(2, 200), doc="Bins of the difficulty histograms.")
+    accuracy_bins = param.Integer(default=5, bounds=(1, 50), doc="Quantile bins of difficulty for the accuracy plot.")
+    prediction = param.String(default="pseudo_label", doc="Column holding the predictions judged by difficulty.")
+
+    def __init__(self, **params: object) -> None:
+        params.setdefault("title", "Curriculum progress")
+        super().__init__(**params)
+        self.summary = pn.pane.Markdown("", sizing_mode="stretch_width")
+        self._pacing = pn.pane.HoloViews(plots.empty("pacing vs realised", "not written by this run"))
+        self._difficulty = pn.pane.HoloViews(plots.empty("difficulty over time", "no difficulty column"))
+        self._accuracy = pn.pane.HoloViews(plots.empty("accuracy by difficulty", "needs difficulty, predictions and truth"))
+        self.pacing: xr.Dataset | None = None
+
+    def _update(self) -> None:
+        assert self.reader is not None
+        notes = []
+        self.pacing = pacing_vs_realised(self.reader.metrics())
+        if self.pacing is not None:
+            self._pacing.object = plots.curves(
+                [("pacing", self.pacing["pacing"].dropna("step")), ("realised", self.pacing["realised"].dropna("step"))],
+                "pacing function vs realised sampling",
+                ylabel="fraction of data",
+            )
+            last = self.pacing.isel(step=-1)
+            realised = float(last["realised"])
+            self.summary.object = (
+                f"step {int(last['step'])}: admitted **{'n/a' if math.isnan(realised) else f'{realised:.1%}'}** "
+                f"of the data (pacing {float(last['pacing']):.1%})"
+            )
+        else:
+            notes.append(f"no curriculum series ({mn.PACING}, {mn.ADMITTED_FRACTION}) in the metric store")
+        snaps = self.reader.snapshots()
+        pairs = [(int(s["step"]), self.reader.snapshot(int(s["version"]))) for s in snaps[-50:]]
+        hist = difficulty_histograms(pairs, bins=self.bins)
+        if hist is not None:
+            self._difficulty.object = plots.heatmap(hist["density"], "difficulty distribution over time", "step", "difficulty")
+        latest = self.reader.latest()
+        if latest is None or not has_column(latest, "difficulty"):
+            notes.append("no difficulty column in the bank")
+        else:
+            acc = accuracy_by_difficulty(latest, self.reader.truth(), bins=self.accuracy_bins, prediction=self.prediction)
+            if acc is not None:
+                self._accuracy.object = plots.bars(
+                    [f"{d:.3g}" for d in acc["difficulty"].values], acc["accuracy"].fillna(0).values,
+                    "accuracy by difficulty", "difficulty", "accuracy",
+                )
+        self._set_message(("This run has " + "; ".join(notes) + ".") if notes else "")
+
+    def _layout(self) -> pn.viewable.Viewable:
+        return pn.Column(self.summary, pn.Row(self._pacing, self._difficulty), self._accuracy)

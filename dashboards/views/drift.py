@@ -1,0 +1,172 @@
+"""Embedding drift view: change between snapshots per shard, neighbour churn, aligned 2-D map."""
+
+from __future__ import annotations
+
+import numpy as np
+import panel as pn
+import param
+import xarray as xr
+
+from dashboards import plots
+from dashboards.bankdata import has_column
+from dashboards.drift import aligned_projection, drift_stats, neighbour_churn
+from dashboards.views.base import RunView
+
+__all__ = ["DriftView"]
+
+
+class DriftView(RunView):
+    """How the bank's embeddings move between snapshots.
+
+    Shows, per snapshot step, the mean and percentiles of the per-row change (L2 and cosine distance)
+    overall and per shard, the churn of the ``k`` nearest neighbours, and a 2-D projection of a sample
+    of rows coloured by label, aligned snapshot to snapshot, with a slider over snapshots.
+    """
+
+    column = param.String(default="embedding", doc="Vector column of the table whose drift is shown.")
+    k = param.Integer(default=10, bounds=(1, 100), doc="Neighbours compared by the churn measure.")
+    queries = param.Integer(default=500, bounds=(10, 10_000), doc="Rows whose neighbourhoods the churn measure compares.")
+    sample = param.Integer(
+        default=100_000, bounds=(100, 2_000_000), doc="Rows drawn (by a stable hash of the key) for the 2-D projection."
+    )
+    label = param.String(default="pseudo_label", doc="Column that colours the projection; rows without it get -1.")
+    max_snapshots = param.Integer(default=50, bounds=(2, 10_000), doc="Most recent snapshots kept in the drift curves.")
+
+    def __init__(self, **params: object) -> None:
+        params.setdefault("title", "Embedding drift")
+        super().__init__(**params)
+        self._stats: dict[int, xr.Dataset] = {}  # by version of the later snapshot
+        self._churn: dict[int, float] = {}
+        self._proj: dict[int, xr.Dataset] = {}
+        self._steps: dict[int, int] = {}
+        self._versions: list[int] = []
+        self.slider = pn.widgets.DiscreteSlider(name="snapshot step", options=[0], value=0, width=400, disabled=True)
+        self.slider.param.watch(self._on_slider, "value")
+        self._l2 = pn.pane.HoloViews(plots.empty("L2 change", "waiting for two snapshots"))
+        self._cos = pn.pane.HoloViews(plots.empty("cosine change", "waiting for two snapshots"))
+        self._shards = pn.pane.HoloViews(plots.empty("mean L2 change per shard", "waiting for two snapshots"))
+        self._churn_plot = pn.pane.HoloViews(plots.empty("neighbour churn", "waiting for two snapshots"))
+        self._map = pn.pane.HoloViews(plots.empty("projection", "waiting for a snapshot"))
+
+    # ------------------------------------------------------------------ data
+
+    def _update(self) -> None:
+        assert self.reader is not None
+        snaps = self.reader.snapshots()
+        if not snaps:
+            self._set_message("No bank snapshot yet: drift appears once the run commits snapshots of its bank.")
+            return
+        versions = [int(s["version"]) for s in snaps][-self.max_snapshots :]
+        steps = {int(s["version"]): int(s["step"]) for s in snaps}
+        new = [v for v in versions if v not in self._proj]
+        for v in new:
+            self._add_snapshot(v, versions)
+        self._steps.update(steps)
+        self._versions = versions
+        kept = set(versions)
+        for cache in (self._stats, self._churn, self._proj):
+            for v in [v for v in cache if v not in kept]:
+                del cache[v]
+        if not has_column(self.reader.snapshot(versions[-1]), self.column):
+            self._set_message(f"Table {self.reader.table!r} has no column {self.column!r}; nothing to show.")
+            return
+        msg = "" if len(versions) >= 2 else "One snapshot so far: drift needs two; the map shows the first."
+        self._set_message(msg)
+        if new:
+            self._redraw_curves()
+            self._set_slider()
+
+    def _add_snapshot(self, version: int, versions: list[int]) -> None:
+        assert self.reader is not None
+        cur = self.reader.snapshot(version)
+        if not has_column(cur, self.column):
+            return
+        idx = versions.index(version)
+        prev_v = versions[idx - 1] if idx > 0 else None
+        prev_proj = self._proj.get(prev_v) if prev_v is not None else None
+        self._proj[version] = aligned_projection(
+            cur, previous=prev_proj, sample=self.sample, column_name=self.column, label=self.label
+        )
+        if prev_v is not None:
+            prev = self.reader.snapshot(prev_v)
+            if has_column(prev, self.column):
+                self._stats[version] = drift_stats(prev, cur, self.column)
+                self._churn[version] = neighbour_churn(prev, cur, k=self.k, queries=self.queries, column_name=self.column)
+
+    def drift(self) -> xr.Dataset | None:
+        """The drift statistics over snapshot steps (``step`` x ``shard``), or ``None`` before two snapshots."""
+        vs = [v for v in self._versions if v in self._stats]
+        if not vs:
+            return None
+        return xr.concat([self._stats[v].expand_dims(step=[self._steps[v]]) for v in vs], dim="step", join="outer")
+
+    def churn(self) -> xr.DataArray | None:
+        """Neighbour churn over snapshot steps, or ``None`` before two snapshots."""
+        vs = [v for v in self._versions if v in self._churn]
+        if not vs:
+            return None
+        return xr.DataArray([self._churn[v] for v in vs], dims="step", coords={"step": [self._steps[v] for v in vs]})
+
+    def projection(self, step: int | None = None) -> xr.Dataset | None:
+        """The aligned projection at a snapshot step (the newest when ``None``)."""
+        vs = [v for v in self._versions if v in self._proj]
+        if not vs:
+            return None
+        if step is None:
+            return self._proj[vs[-1]]
+        for v in vs:
+            if self._steps[v] == step:
+                return self._proj[v]
+        return None
+
+    # ------------------------------------------------------------------ drawing
+
+    def _redraw_curves(self) -> None:
+        d = self.drift()
+        if d is not None:
+            overall = d.sel(shard=-1)
+            self._l2.object = plots.curves(
+                [("mean", overall["l2_mean"]), ("p50", overall["l2_p50"]), ("p90", overall["l2_p90"]), ("p99", overall["l2_p99"])],
+                "L2 change between snapshots",
+                ylabel="L2",
+            )
+            self._cos.object = plots.curves(
+                [("mean", overall["cos_mean"]), ("p50", overall["cos_p50"]), ("p90", overall["cos_p90"]), ("p99", overall["cos_p99"])],
+                "cosine distance between snapshots",
+                ylabel="1 - cos",
+            )
+            shards = [int(s) for s in d["shard"].values if s >= 0]
+            self._shards.object = plots.curves(
+                [(f"shard {s}", d["l2_mean"].sel(shard=s)) for s in shards], "mean L2 change per shard", ylabel="L2"
+            )
+        c = self.churn()
+        if c is not None:
+            self._churn_plot.object = plots.curves([(f"top-{self.k}", c)], "neighbour churn", ylabel="fraction changed")
+
+    def _set_slider(self) -> None:
+        steps = [self._steps[v] for v in self._versions if v in self._proj]
+        if not steps:
+            return
+        at_end = self.slider.value == self.slider.options[-1] if self.slider.options else True
+        self.slider.options = steps
+        self.slider.disabled = len(steps) < 2
+        if at_end or self.slider.value not in steps:
+            self.slider.value = steps[-1]
+        self._draw_map(self.slider.value)
+
+    def _on_slider(self, event: param.parameterized.Event) -> None:
+        self._draw_map(int(event.new))
+
+    def _draw_map(self, step: int) -> None:
+        proj = self.projection(step)
+        if proj is not None:
+            n_labels = int(np.unique(proj["label"].values).size)
+            self._map.object = plots.render_projection(proj, f"step {step}: {n_labels} label(s)")
+
+    def _layout(self) -> pn.viewable.Viewable:
+        return pn.Column(
+            pn.Row(self._l2, self._cos),
+            pn.Row(self._shards, self._churn_plot),
+            self.slider,
+            self._map,
+        )

@@ -1,0 +1,87 @@
+"""Bank and cluster health view: bank size and newest write, shard sizes, rates, staleness, makers, speed."""
+
+from __future__ import annotations
+
+import math
+
+import panel as pn
+import param
+
+from dashboards import metricnames as mn
+from dashboards import plots
+from dashboards.health import (
+    bank_summary,
+    counter_rate,
+    maker_versions,
+    shard_sizes,
+    staleness,
+    steps_per_second,
+)
+from dashboards.views.base import RunView
+
+__all__ = ["HealthView"]
+
+
+class HealthView(RunView):
+    """The bank's size and freshness and the run's throughput."""
+
+    bins = param.Integer(default=20, bounds=(2, 200), doc="Bins of the staleness histogram.")
+
+    def __init__(self, **params: object) -> None:
+        params.setdefault("title", "Bank and cluster health")
+        super().__init__(**params)
+        self.rows = pn.indicators.Number(name="bank rows", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
+        self.version = pn.indicators.Number(name="newest row version", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
+        self.model_step = pn.indicators.Number(name="newest model step", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
+        self.snapshots = pn.indicators.Number(name="snapshots", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
+        self._shards = pn.pane.HoloViews(plots.empty("rows per shard", "no bank yet"))
+        self._rates = pn.pane.HoloViews(plots.empty("lookup / update rate", "not written by this run"))
+        self._stale = pn.pane.HoloViews(plots.empty("staleness", "no bank yet"))
+        self._makers = pn.pane.HoloViews(plots.empty("rows by maker version", "no bank yet"))
+        self._speed = pn.pane.HoloViews(plots.empty("trainer steps/s", "not written by this run"))
+        self.summary: dict[str, float] = {}
+
+    def _update(self) -> None:
+        assert self.reader is not None
+        ds = self.reader.latest()
+        notes = []
+        self.snapshots.value = len(self.reader.snapshots())
+        self.summary = bank_summary(ds)
+        self.rows.value = int(self.summary["rows"])
+        for ind, key in ((self.version, "version"), (self.model_step, "model_step")):
+            v = self.summary[key]
+            ind.value = 0 if math.isnan(v) else int(v)
+        if ds is None:
+            notes.append("no bank snapshot yet")
+        else:
+            sizes = shard_sizes(ds)
+            self._shards.object = plots.bars(sizes["shard"].values, sizes["rows"].values, "rows per shard", "shard", "rows")
+            st = staleness(ds, self.reader.now(), self.bins)
+            if st is not None:
+                self._stale.object = plots.bars(
+                    [f"{a:.3g}" for a in st["age"].values], st["count"].values,
+                    f"staleness (median {st.attrs['median']:.1f} s, p90 {st.attrs['p90']:.1f} s)", "age (s)", "rows",
+                )
+            mv = maker_versions(ds)
+            if mv is not None:
+                labels = [f"{m or '-'}@{s}" for m, s in zip(mv["maker"].values, mv["model_step"].values, strict=True)]
+                self._makers.object = plots.bars(labels[-30:], mv["rows"].values[-30:], "rows by maker @ model step", "maker@step", "rows")
+        m = self.reader.metrics()
+        if m is None:
+            notes.append("no metric store yet")
+        else:
+            rates = [(n, r) for n in (mn.BANK_LOOKUPS, mn.BANK_UPDATES) if (r := counter_rate(m, n)) is not None]
+            if rates:
+                self._rates.object = plots.curves(rates, "bank rows per second", ylabel="rows/s")
+            sps = steps_per_second(m)
+            if sps is not None:
+                self._speed.object = plots.curves([("steps/s", sps)], "trainer steps per second", ylabel="steps/s")
+        self._set_message(("This run has " + "; ".join(notes) + ".") if notes else "")
+
+    def _layout(self) -> pn.viewable.Viewable:
+        return pn.Column(
+            pn.Row(self.rows, self.version, self.model_step, self.snapshots),
+            pn.Row(self._shards, self._stale),
+            pn.Row(self._rates, self._speed),
+            self._makers,
+        )

@@ -1,0 +1,124 @@
+"""Pseudo-label quality view: precision / coverage, confidence histogram, per-class accuracy, flips, thresholds."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import panel as pn
+import param
+import xarray as xr
+
+from dashboards import metricnames as mn
+from dashboards import plots
+from dashboards.bankdata import has_column
+from dashboards.pseudolabels import (
+    confidence_histogram,
+    flip_rate,
+    has_pseudo_labels,
+    label_quality,
+    per_class_accuracy,
+    threshold_curve,
+    truth_for,
+)
+from dashboards.views.base import RunView
+
+__all__ = ["PseudoLabelView"]
+
+
+def _fmt(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.3f}"
+
+
+class PseudoLabelView(RunView):
+    """How good the makers' pseudo labels are, judged against held-out truth where the run has it."""
+
+    threshold = param.Number(default=0.0, bounds=(0.0, 1.0), doc="Confidence a pseudo label needs to count.")
+    bins = param.Integer(default=20, bounds=(2, 200), doc="Bins of the confidence histogram.")
+
+    def __init__(self, **params: object) -> None:
+        params.setdefault("title", "Pseudo-label quality")
+        super().__init__(**params)
+        self._flips: dict[int, dict[str, float]] = {}
+        self._steps: dict[int, int] = {}
+        self.summary = pn.pane.Markdown("", sizing_mode="stretch_width")
+        self.threshold_slider = pn.widgets.FloatSlider.from_param(self.param.threshold, step=0.05, width=300)
+        self.param.watch(lambda _e: self.refresh(), "threshold")
+        self._hist = pn.pane.HoloViews(plots.empty("confidence", "no pseudo labels yet"))
+        self._classes = pn.pane.HoloViews(plots.empty("per-class accuracy", "no held-out truth"))
+        self._curve = pn.pane.HoloViews(plots.empty("threshold curve", "no held-out truth"))
+        self._flip_plot = pn.pane.HoloViews(plots.empty("flip rate", "needs two snapshots with pseudo labels"))
+        self._series = pn.pane.HoloViews(plots.empty("precision / coverage over steps", "not written by this run"))
+        self.quality: dict[str, float] = {}
+
+    def _update(self) -> None:
+        assert self.reader is not None
+        ds = self.reader.latest()
+        if ds is None:
+            self._set_message("No bank yet: pseudo-label quality appears once the run has a bank snapshot.")
+            return
+        if not has_pseudo_labels(ds):
+            why = "no pseudo_label column" if not has_column(ds, "pseudo_label") else "no row labelled yet"
+            self._set_message(f"This run has no pseudo labels (table {self.reader.table!r}: {why}).")
+            self.summary.object = ""
+            return
+        truth = self.reader.truth()
+        has_truth = truth_for(ds, truth) is not None
+        self._set_message("" if has_truth else "No held-out truth in this run (truth.npz or a label column): precision is not available.")
+        q = label_quality(ds, truth, self.threshold)
+        self.quality = q
+        self.summary.object = (
+            f"**precision** {_fmt(q['precision'])} &nbsp; **coverage** {_fmt(q['coverage'])} "
+            f"&nbsp; labelled rows {int(q['labelled'])} of {int(q['rows'])} (judged {int(q['judged'])}) "
+            f"at confidence >= {self.threshold:.2f}"
+        )
+        parts = ["right", "wrong", "unjudged"] if has_truth else ["unjudged"]
+        self._hist.object = plots.stacked_bars(confidence_histogram(ds, truth, self.bins), "bin", parts, "confidence histogram", "confidence")
+        if has_truth:
+            acc = per_class_accuracy(ds, truth)
+            if acc is not None and acc.sizes.get("class", 0):
+                self._classes.object = plots.bars(acc["class"].values, np.nan_to_num(acc["accuracy"].values), "per-class accuracy", "class", "accuracy")
+            curve = threshold_curve(ds, truth)
+            self._curve.object = plots.curves(
+                [("precision", curve["precision"]), ("coverage", curve["coverage"])], "threshold curve", xlabel="threshold"
+            )
+        self._update_flips()
+        self._update_series()
+
+    def _update_flips(self) -> None:
+        assert self.reader is not None
+        snaps = self.reader.snapshots()
+        versions = [int(s["version"]) for s in snaps]
+        self._steps.update({int(s["version"]): int(s["step"]) for s in snaps})
+        for prev, cur in itertools.pairwise(versions):
+            if cur in self._flips:
+                continue
+            a, b = self.reader.snapshot(prev), self.reader.snapshot(cur)
+            if has_column(a, "pseudo_label") and has_column(b, "pseudo_label"):
+                self._flips[cur] = flip_rate(a, b)
+        vs = [v for v in versions if v in self._flips and not math.isnan(self._flips[v]["flip_rate"])]
+        if vs:
+            arr = xr.DataArray([self._flips[v]["flip_rate"] for v in vs], dims="step", coords={"step": [self._steps[v] for v in vs]})
+            self._flip_plot.object = plots.curves([("flip rate", arr)], "flip rate between maker versions", ylabel="fraction flipped")
+
+    def flips(self) -> dict[int, dict[str, float]]:
+        """Flip statistics by the later snapshot's step."""
+        return {self._steps[v]: f for v, f in self._flips.items()}
+
+    def _update_series(self) -> None:
+        assert self.reader is not None
+        m = self.reader.metrics()
+        if m is None:
+            return
+        series = [(n, m[n].dropna("step")) for n in (mn.PL_PRECISION, mn.PL_COVERAGE) if n in m.data_vars]
+        if series:
+            self._series.object = plots.curves(series, "precision / coverage reported by the run")
+
+    def _layout(self) -> pn.viewable.Viewable:
+        return pn.Column(
+            pn.Row(self.threshold_slider, self.summary),
+            pn.Row(self._hist, self._classes),
+            pn.Row(self._curve, self._flip_plot),
+            self._series,
+        )

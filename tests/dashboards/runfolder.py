@@ -1,0 +1,133 @@
+"""Write run folders (bank snapshots through storage.snapshots, metrics through storage.metrics) for tests.
+
+Also runnable as a background writer: ``python -m tests.dashboards.runfolder RUN --period 0.3``
+commits a new snapshot (with more rows) every period until killed, and appends metric rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import time
+
+import numpy as np
+
+from storage.snapshots import begin_snapshot, commit_snapshot, write_shard
+
+BUCKETS = 64
+N_SHARDS = 2
+
+
+def shard_states(
+    keys: np.ndarray,
+    columns: dict[str, np.ndarray],
+    *,
+    model_step: int = 0,
+    version: int = 1,
+    wall_time: float | None = None,
+    n_shards: int = N_SHARDS,
+    buckets: int = BUCKETS,
+) -> list[dict[str, object]]:
+    """Split rows into exported shard states (the format ShardCore.export_state produces)."""
+    keys = np.asarray(keys, np.int64)
+    bucket = (keys % buckets).astype(np.int32)
+    t = time.time() if wall_time is None else wall_time
+    specs = {
+        name: {"name": name, "dtype": str(arr.dtype), "shape": list(arr.shape[1:])} for name, arr in columns.items()
+    }
+    states = []
+    for shard in range(n_shards):
+        m = bucket % n_shards == shard
+        n = int(m.sum())
+        arrays: dict[str, np.ndarray] = {
+            "keys": keys[m],
+            "bucket": bucket[m],
+            "frequency": np.ones(n, np.int64),
+            "prov/version": np.full(n, version, np.int64),
+            "prov/model_step": np.full(n, model_step, np.int64),
+            "prov/maker": np.ones(n, np.int32),  # code 1: "labeller"
+            "prov/wall_time": np.full(n, t, np.float64),
+        }
+        for name, arr in columns.items():
+            arrays[f"col/{name}"] = np.asarray(arr)[m]
+        states.append(
+            {
+                "meta": {
+                    "format": 1,
+                    "shard": shard,
+                    "n_shards": n_shards,
+                    "buckets": buckets,
+                    "owned_buckets": [b for b in range(buckets) if b % n_shards == shard],
+                    "tables": {"nodes": {"name": "nodes", "columns": list(specs.values())}},
+                    "makers": ["", "labeller"],
+                    "version": version,
+                    "optimizer": {},
+                },
+                "tables": {"nodes": arrays},
+            }
+        )
+    return states
+
+
+def write_snapshot(bank: pathlib.Path, step: int, keys: np.ndarray, columns: dict[str, np.ndarray], **kw: object) -> None:
+    """Commit one snapshot of table ``nodes`` holding ``columns`` for ``keys``."""
+    handle = begin_snapshot(bank, step)
+    for state in shard_states(keys, columns, model_step=step, **kw):  # type: ignore[arg-type]
+        write_shard(handle, state)
+    commit_snapshot(handle)
+
+
+def nodes(n: int, step: int, d: int = 8, classes: int = 3, seed: int = 0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """``n`` rows of a three-cluster table whose embeddings drift a little with ``step``."""
+    rng = np.random.default_rng(seed)
+    keys = np.arange(n, dtype=np.int64)
+    truth = keys % classes
+    centres = rng.normal(size=(classes, d)) * 4
+    noise = np.random.default_rng(seed + 1 + step).normal(size=(n, d)) * 0.3
+    emb = (centres[truth] + noise + 0.05 * step).astype(np.float32)
+    pseudo = truth.copy()
+    pseudo[keys % 7 == 0] = (truth[keys % 7 == 0] + 1) % classes  # some wrong labels
+    pseudo[keys % 5 == 0] = -1  # some unlabelled rows
+    conf = np.where(pseudo == truth, 0.9, 0.4).astype(np.float32)
+    difficulty = (1.0 - conf + 0.01 * (keys % 10)).astype(np.float32)
+    return keys, {"embedding": emb, "pseudo_label": pseudo, "confidence": conf, "difficulty": difficulty}
+
+
+def write_truth(run: pathlib.Path, n: int, classes: int = 3) -> None:
+    """Held-out labels of the :func:`nodes` table."""
+    keys = np.arange(n, dtype=np.int64)
+    np.savez(run / "truth.npz", keys=keys, labels=keys % classes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("run", type=pathlib.Path)
+    parser.add_argument("--period", type=float, default=0.3)
+    parser.add_argument("--start-rows", type=int, default=300)
+    parser.add_argument("--grow", type=int, default=7)
+    args = parser.parse_args()
+    args.run.mkdir(parents=True, exist_ok=True)
+    writer = None
+    try:
+        from storage.metrics import MetricWriter
+
+        writer = MetricWriter(args.run / "metrics.zarr", run="ui-test")
+    except ImportError:
+        pass
+    step, rows = 0, args.start_rows
+    write_truth(args.run, 100_000)
+    while True:
+        step += 10
+        rows += args.grow
+        keys, cols = nodes(rows, step)
+        write_snapshot(args.run / "bank", step, keys, cols)
+        if writer is not None:
+            writer.append(step, wall_time=time.time(), bank_rows=float(rows), bank_lookups=float(step * 100),
+                          bank_updates=float(step * 40), pacing=min(1.0, step / 500), admitted_fraction=min(1.0, step / 520),
+                          steps_per_s=20.0, train_loss=1.0 / step)
+        (args.run / "writer.progress").write_text(f"{step} {rows}\n")
+        time.sleep(args.period)
+
+
+if __name__ == "__main__":
+    main()
