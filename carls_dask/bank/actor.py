@@ -1,0 +1,288 @@
+"""The Dask actor shell around one :class:`~carls_dask.bank.core.ShardCore`.
+
+The actor adds only what needs a process: it holds the core, optionally appends every mutating
+batch to the shard's delta log before the call returns, writes its own state into a snapshot, and
+loads its rows back from a snapshot plus the delta log on restore. All semantics live in the core.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from carls_dask.bank.core import LookupResult, ShardCore
+from carls_dask.bank.sampling import NegativeSample
+from carls_dask.bank.schema import TableSpec
+
+__all__ = ["MAKERS_TABLE", "BankShard"]
+
+logger = logging.getLogger(__name__)
+
+#: Pseudo-table of the delta log that records maker names as they are registered (code -> UTF-8 bytes).
+MAKERS_TABLE = "__makers__"
+_MAKER_NAME_BYTES = 256
+
+
+def encode_makers(codes: Sequence[int], names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Maker names as numeric, row-aligned arrays for the delta log."""
+    raw = np.zeros((len(names), _MAKER_NAME_BYTES), dtype=np.uint8)
+    for i, name in enumerate(names):
+        b = name.encode("utf-8")[:_MAKER_NAME_BYTES]
+        raw[i, : len(b)] = np.frombuffer(b, dtype=np.uint8)
+    return {"keys": np.asarray(codes, dtype=np.int64), "name_utf8": raw}
+
+
+def decode_makers(arrays: Mapping[str, np.ndarray]) -> dict[int, str]:
+    """Inverse of :func:`encode_makers`."""
+    out = {}
+    for code, row in zip(arrays["keys"].tolist(), arrays["name_utf8"], strict=True):
+        out[int(code)] = bytes(row).rstrip(b"\x00").decode("utf-8")
+    return out
+
+
+class BankShard:
+    """One knowledge-bank shard, run as a Dask actor (``client.submit(BankShard, ..., actor=True)``).
+
+    Parameters
+    ----------
+    tables
+        Resolved table specs as JSON (:meth:`TableSpec.to_json`).
+    shard, n_shards, buckets, owned_buckets, initial_capacity
+        See :class:`~carls_dask.bank.core.ShardCore`.
+    log_root
+        Bank store folder; when given, every mutating batch is appended to this shard's
+        :class:`storage.deltalog.DeltaLog` before the call returns.
+    log_sync
+        ``fdatasync`` each delta-log append (durability); off only for throw-away banks.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[Mapping[str, Any]],
+        shard: int,
+        n_shards: int,
+        buckets: int,
+        owned_buckets: Sequence[int] | None = None,
+        initial_capacity: int = 1024,
+        log_root: str | None = None,
+        log_sync: bool = True,
+    ) -> None:
+        specs = [TableSpec.from_json(t) for t in tables]
+        self.core = ShardCore(
+            specs,
+            shard=shard,
+            n_shards=n_shards,
+            buckets=buckets,
+            owned_buckets=owned_buckets,
+            initial_capacity=initial_capacity,
+        )
+        self.log_root = log_root
+        self.step = 0
+        self._log: Any = None
+        self._logged_makers = 1  # code 0 ("") needs no record
+        if log_root is not None:
+            from storage.deltalog import DeltaLog
+
+            self._log = DeltaLog(log_root, shard, sync=log_sync)
+
+    # -- delta log ----------------------------------------------------------------------------------
+    def _log_makers(self) -> None:
+        makers = self.core.makers
+        if self._log is None or len(makers) <= self._logged_makers:
+            return
+        codes = list(range(self._logged_makers, len(makers)))
+        self._log.append(self.step, MAKERS_TABLE, "upsert", encode_makers(codes, [makers[c] for c in codes]))
+        self._logged_makers = len(makers)
+
+    def _log_upsert(self, table: str, keys: np.ndarray) -> None:
+        if self._log is None:
+            return
+        self._log_makers()
+        rows = self.core.rows(table, np.unique(keys))
+        if rows["keys"].size:
+            self._log.append(self.step, table, "upsert", rows)
+
+    def _log_delete(self, table: str, keys: np.ndarray) -> None:
+        if self._log is None or keys.size == 0:
+            return
+        k = np.unique(keys)
+        from carls_dask.bank.hashing import bucket_of
+
+        self._log.append(self.step, table, "delete", {"keys": k, "bucket": bucket_of(k, self.core.buckets)})
+
+    def set_step(self, step: int) -> int:
+        """Set the step recorded with delta-log records (and snapshots); returns it."""
+        self.step = int(step)
+        return self.step
+
+    # -- operations ---------------------------------------------------------------------------------
+    def lookup(
+        self,
+        table: str,
+        keys: np.ndarray,
+        columns: Sequence[str] | None = None,
+        insert: bool = False,
+        max_staleness: float | None = None,
+    ) -> LookupResult:
+        """See :meth:`ShardCore.lookup`."""
+        before = self.core.table(table).n if insert and self._log is not None else 0
+        res = self.core.lookup(table, keys, columns=columns, insert=insert, max_staleness=max_staleness)
+        if insert and self._log is not None:
+            self._log_upsert(table, np.asarray(keys, dtype=np.int64))
+            del before
+        return res
+
+    def update(
+        self, table: str, keys: np.ndarray, values: Mapping[str, np.ndarray], model_step: int = 0, maker: str = ""
+    ) -> int:
+        """See :meth:`ShardCore.update`; returns the number of distinct keys written."""
+        written = self.core.update(table, keys, values, model_step=model_step, maker=maker)
+        self._log_upsert(table, written)
+        return int(written.size)
+
+    def apply_gradients(
+        self,
+        table: str,
+        keys: np.ndarray,
+        grads: Mapping[str, np.ndarray] | np.ndarray,
+        column: str = "embedding",
+        learning_rate: float | None = None,
+    ) -> np.ndarray:
+        """See :meth:`ShardCore.apply_gradients`."""
+        found = self.core.apply_gradients(table, keys, grads, column=column, learning_rate=learning_rate)
+        if found.any():
+            self._log_upsert(table, np.asarray(keys, dtype=np.int64)[found])
+        return found
+
+    def delete(self, table: str, keys: np.ndarray) -> np.ndarray:
+        """See :meth:`ShardCore.delete`."""
+        present = self.core.delete(table, keys)
+        self._log_delete(table, np.asarray(keys, dtype=np.int64)[present])
+        return present
+
+    def contains(self, table: str, keys: np.ndarray) -> np.ndarray:
+        """See :meth:`ShardCore.contains`."""
+        return self.core.contains(table, keys)
+
+    def size(self, table: str | None = None) -> int:
+        """See :meth:`ShardCore.size`."""
+        return self.core.size(table)
+
+    def keys(self, table: str) -> np.ndarray:
+        """See :meth:`ShardCore.keys`."""
+        return self.core.keys(table)
+
+    def keys_and_frequency(self, table: str) -> tuple[np.ndarray, np.ndarray]:
+        """See :meth:`ShardCore.keys_and_frequency`."""
+        return self.core.keys_and_frequency(table)
+
+    def sample_negatives(self, table: str, n: int, **kwargs: Any) -> NegativeSample:
+        """See :meth:`ShardCore.sample_negatives` (this shard's keys only)."""
+        return self.core.sample_negatives(table, n, **kwargs)
+
+    def top_k(
+        self, table: str, query: np.ndarray, k: int, column: str = "embedding", metric: str = "dot"
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """See :meth:`ShardCore.top_k`."""
+        return self.core.top_k(table, query, k, column=column, metric=metric)
+
+    def stats(self) -> dict[str, Any]:
+        """See :meth:`ShardCore.stats`, plus the worker-side wall time."""
+        out = self.core.stats()
+        out["wall_time"] = time.time()
+        out["logging"] = self._log is not None
+        return out
+
+    def ping(self) -> int:
+        """Cheap liveness check; returns the shard id."""
+        return self.core.shard
+
+    def export_state(self) -> dict[str, Any]:
+        """See :meth:`ShardCore.export_state`."""
+        return self.core.export_state()
+
+    # -- persistence --------------------------------------------------------------------------------
+    def snapshot(self, handle: Any) -> dict[str, Any]:
+        """Write this shard's state into the begun snapshot ``handle`` (whole Zarr chunks)."""
+        from storage.snapshots import write_shard
+
+        if self._log is not None:
+            self._log_makers()
+        info = write_shard(handle, self.core.export_state())
+        if self._log is not None:
+            self._log.roll()
+        return info
+
+    def restore(self, root: str, version: int | None, replay_log: bool = True) -> dict[str, int]:
+        """Load the rows of this shard's buckets from snapshot ``version`` and replay the delta log.
+
+        Returns
+        -------
+        dict
+            Rows read from the snapshot and delta records applied.
+        """
+        from storage.deltalog import replay
+        from storage.snapshots import read_manifest, read_snapshot
+
+        man = read_manifest(root, version)
+        tables = list(self.core.tables)
+        data = read_snapshot(root, man["version"], buckets=self.core.owned_buckets, tables=tables)
+        rows = 0
+        for table, arrays in data.items():
+            rows += self.core.import_rows(table, arrays, makers=man["makers"])
+        opt = man.get("meta", {}).get("optimizer", {})
+        for table, cols in opt.items():
+            if table in self.core.tables:
+                for c, info in cols.items():
+                    self.core.table(table).opt_step[c] = int(info["step"])
+        applied = 0
+        if replay_log:
+            old_makers: dict[int, dict[int, str]] = {}
+            for rec in replay(root, since_version=man["version"]):
+                if rec.table == MAKERS_TABLE:
+                    old_makers.setdefault(rec.shard, {0: ""}).update(decode_makers(rec.arrays))
+                    continue
+                if rec.table not in self.core.tables:
+                    continue
+                if rec.op == "delete":
+                    keys = rec.arrays["keys"]
+                    mine = self.core._owned_mask[self._buckets(keys)]
+                    if mine.any():
+                        self.core.delete(rec.table, keys[mine])
+                        applied += 1
+                else:
+                    names = old_makers.setdefault(rec.shard, {0: ""})
+                    shard_makers = self._maker_list(rec.shard, names, man)
+                    if self.core.import_rows(rec.table, rec.arrays, makers=shard_makers):
+                        applied += 1
+        if self._log is not None:
+            # the restored state is the new baseline: record the makers this shard now knows
+            self._log_makers()
+        logger.info("shard %d restored %d rows from v%s and %d delta records", self.core.shard, rows, man["version"], applied)
+        return {"rows": rows, "records": applied}
+
+    def _buckets(self, keys: np.ndarray) -> np.ndarray:
+        from carls_dask.bank.hashing import bucket_of
+
+        return bucket_of(keys, self.core.buckets)
+
+    @staticmethod
+    def _maker_list(shard: int, logged: dict[int, str], man: Mapping[str, Any]) -> list[str]:
+        """The old shard's maker names by code: its snapshot list, extended by logged registrations."""
+        info = man.get("shards", {}).get(str(shard), {})
+        base = list(info.get("meta", {}).get("makers", [])) if isinstance(info, Mapping) else []
+        names = dict(enumerate(base))
+        names.update(logged)
+        if not names:
+            return [""]
+        return [names.get(i, "") for i in range(max(names) + 1)]
+
+    def close(self) -> None:
+        """Release the delta log's writer lock."""
+        if self._log is not None:
+            self._log.close()
+            self._log = None

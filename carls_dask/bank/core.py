@@ -1,0 +1,762 @@
+"""The pure state machine of one bank shard: rows, key index, provenance, frequencies, optimizer slots.
+
+:class:`ShardCore` is a plain class (no Dask, no I/O): the Dask actor in :mod:`carls_dask.bank.actor`
+only wraps it. Every batch is validated in full before anything is changed, so a bad batch leaves the
+shard exactly as it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from carls_dask.bank.hashing import bucket_of, mix_seed, normal_from_keys, uniform_from_keys
+from carls_dask.bank.keyindex import KeyIndex
+from carls_dask.bank.optimizers import apply_optimizer, initial_slots
+from carls_dask.bank.sampling import NegativeSample, order_by_frequency, sample_candidates
+from carls_dask.bank.schema import (
+    Column,
+    TableSpec,
+    check_finite,
+    check_keys,
+    coerce_column_values,
+    unknown_table,
+)
+from storage.errors import (
+    IncompatibleStoreError,
+    InvalidBatchError,
+    InvalidDTypeError,
+    InvalidShapeError,
+)
+
+__all__ = ["STATE_FORMAT", "LookupResult", "ShardCore", "TableState"]
+
+STATE_FORMAT = 1
+METRICS = ("dot", "cosine")
+_TOPK_CHUNK = 65536
+
+
+@dataclasses.dataclass
+class LookupResult:
+    """Rows returned by ``lookup``, in the order of the requested keys.
+
+    Attributes
+    ----------
+    values
+        Column name -> ``[n, *shape]`` array; rows of missing keys are zeros.
+    found
+        ``bool[n]``: whether each key was present (or allocated by ``insert=True``).
+    age
+        ``float64[n]``: seconds since each row was last written (NaN for missing keys).
+    version
+        ``int64[n]``: per-row write counter (0 for missing keys).
+    model_step
+        ``int64[n]``: model step recorded with the last write (-1 for missing keys).
+    frequency
+        ``int64[n]``: how often each key was looked up with ``insert=True`` (0 for missing keys).
+    stale
+        ``bool[n]``: rows older than ``max_staleness`` (all False when no bound was given).
+    """
+
+    values: dict[str, np.ndarray]
+    found: np.ndarray
+    age: np.ndarray
+    version: np.ndarray
+    model_step: np.ndarray
+    frequency: np.ndarray
+    stale: np.ndarray
+
+
+class TableState:
+    """Row storage of one table in one shard (arrays grow by ``growth``; row ``i < n`` is live)."""
+
+    def __init__(self, spec: TableSpec, capacity: int, growth: float = 1.5) -> None:
+        self.spec = spec
+        self.growth = float(growth)
+        self.n = 0
+        self.cap = max(int(capacity), 1)
+        self.bucket = np.zeros(self.cap, dtype=np.int32)
+        self.maker = np.zeros(self.cap, dtype=np.int32)
+        # key, version, model_step, frequency and wall_time (float64 bits) side by side: the index's key
+        # check and the provenance read of a lookup touch the same cache line
+        self.meta = np.zeros((self.cap, 5), dtype=np.int64)
+        self.cols = {c.name: np.zeros((self.cap, *c.shape), dtype=c.np_dtype) for c in spec.columns}
+        self.slots: dict[str, dict[str, np.ndarray]] = {}
+        self.opt_step: dict[str, int] = {}
+        self.index = KeyIndex(self.cap)
+        self.seeds = {c.name: mix_seed(spec.name, c.name, spec.seed) for c in spec.columns}
+        if spec.optimizer is not None:
+            for c in spec.columns:
+                if c.is_float:
+                    self.ensure_slots(c.name)
+
+    # -- storage ------------------------------------------------------------------------------------
+    @property
+    def keys(self) -> np.ndarray:
+        """Per-row key (a view)."""
+        return self.meta[:, 0]
+
+    @property
+    def frequency(self) -> np.ndarray:
+        """Per-row frequency (a view)."""
+        return self.meta[:, 3]
+
+    @property
+    def prov(self) -> dict[str, np.ndarray]:
+        """Per-row provenance arrays (views; writes go to the table)."""
+        return {
+            "version": self.meta[:, 1],
+            "model_step": self.meta[:, 2],
+            "maker": self.maker,
+            "wall_time": self.meta[:, 4].view(np.float64),
+        }
+
+    def storage(self) -> Iterable[tuple[str, np.ndarray]]:
+        """The arrays that hold the rows (grown and moved together)."""
+        yield "bucket", self.bucket
+        yield "maker", self.maker
+        yield "meta", self.meta
+        for name, arr in self.cols.items():
+            yield f"col/{name}", arr
+        for col, slots in self.slots.items():
+            for sname, arr in slots.items():
+                yield f"slot/{col}/{sname}", arr
+
+    def arrays(self) -> Iterable[tuple[str, np.ndarray]]:
+        """Every row-aligned array (views), named as in the exported state."""
+        yield "keys", self.keys
+        yield "bucket", self.bucket
+        yield "frequency", self.frequency
+        for name, arr in self.prov.items():
+            yield f"prov/{name}", arr
+        for name, arr in self.cols.items():
+            yield f"col/{name}", arr
+        for col, slots in self.slots.items():
+            for sname, arr in slots.items():
+                yield f"slot/{col}/{sname}", arr
+
+    def _replace(self, name: str, arr: np.ndarray) -> None:
+        if name in ("bucket", "maker", "meta"):
+            setattr(self, name, arr)
+        elif name.startswith("col/"):
+            self.cols[name[4:]] = arr
+        else:
+            _, col, sname = name.split("/")
+            self.slots[col][sname] = arr
+
+    def reserve(self, needed: int) -> None:
+        """Make room for ``needed`` rows in total."""
+        if needed <= self.cap:
+            return
+        new_cap = max(needed, math.ceil(self.cap * self.growth))
+        for name, arr in list(self.storage()):
+            grown = np.zeros((new_cap, *arr.shape[1:]), dtype=arr.dtype)
+            grown[: self.n] = arr[: self.n]
+            self._replace(name, grown)
+        self.cap = new_cap
+
+    def nbytes(self) -> int:
+        """Bytes allocated by the rows (all capacity) and the index."""
+        return sum(int(a.nbytes) for _, a in self.storage()) + self.index.nbytes
+
+    def used_bytes(self) -> int:
+        """Bytes of the live rows plus the index."""
+        return sum(int(a[: self.n].nbytes) for _, a in self.storage()) + self.index.nbytes
+
+    # -- initial values -------------------------------------------------------------------------------
+    def initial_values(self, col: Column, keys: np.ndarray) -> np.ndarray:
+        """Deterministic initial values of ``col`` for ``keys`` (a function of table, column, key, seed)."""
+        spec = self.spec
+        kind = col.initializer or (spec.initializer if col.is_float else "zeros")
+        scale = float(col.init_scale if col.init_scale is not None else (spec.init_scale or 0.0))
+        shape = (keys.shape[0], *col.shape)
+        width = max(1, math.prod(col.shape))
+        if kind == "zeros":
+            return np.zeros(shape, dtype=col.np_dtype)
+        if kind == "constant":
+            return np.full(shape, scale, dtype=col.np_dtype)
+        if kind == "uniform":
+            u = uniform_from_keys(keys, self.seeds[col.name], width)
+            return ((2.0 * u - 1.0) * scale).reshape(shape).astype(col.np_dtype)
+        z = normal_from_keys(keys, self.seeds[col.name], width)
+        return (z * scale).reshape(shape).astype(col.np_dtype)
+
+    def ensure_slots(self, column: str) -> dict[str, np.ndarray]:
+        """Slot arrays of ``column`` (allocated for all rows on first use)."""
+        if column not in self.slots:
+            col = self.spec.column(column)
+            self.slots[column] = initial_slots(
+                self.spec.optimizer, (self.cap, *col.shape), self.spec.adagrad_initial_accumulator
+            )
+            self.opt_step.setdefault(column, 0)
+        return self.slots[column]
+
+
+class ShardCore:
+    """One shard of the knowledge bank: tables of typed rows with provenance, all batched.
+
+    Parameters
+    ----------
+    tables
+        Resolved table specs (see :meth:`TableSpec.resolve`).
+    shard
+        This shard's number.
+    n_shards
+        Number of shards of the bank.
+    buckets
+        Number of hash buckets of the bank.
+    owned_buckets
+        Buckets this shard owns; defaults to ``b % n_shards == shard``.
+    initial_capacity
+        Rows allocated per table before the first growth.
+    clock
+        Source of wall time (unix seconds); injectable for tests.
+    check_ownership
+        Whether batches are checked to hold only keys of owned buckets.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[TableSpec],
+        *,
+        shard: int = 0,
+        n_shards: int = 1,
+        buckets: int = 4096,
+        owned_buckets: Sequence[int] | None = None,
+        initial_capacity: int = 1024,
+        clock: Callable[[], float] = time.time,
+        check_ownership: bool = True,
+    ) -> None:
+        if not tables:
+            raise ValueError("a shard needs at least one table")
+        self.shard = int(shard)
+        self.n_shards = int(n_shards)
+        self.buckets = int(buckets)
+        if owned_buckets is None:
+            owned = np.arange(self.buckets)[np.arange(self.buckets) % self.n_shards == self.shard]
+        else:
+            owned = np.unique(np.asarray(owned_buckets, dtype=np.int64))
+            if owned.size and (owned.min() < 0 or owned.max() >= self.buckets):
+                raise ValueError(f"owned buckets must lie in [0, {self.buckets}), got [{owned.min()}, {owned.max()}]")
+        self.owned_buckets = owned.astype(np.int64)
+        self._owned_mask = np.zeros(self.buckets, dtype=bool)
+        self._owned_mask[self.owned_buckets] = True
+        self.check_ownership = bool(check_ownership)
+        self.clock = clock
+        self.initial_capacity = int(initial_capacity)
+        self.makers: list[str] = [""]
+        self._maker_codes: dict[str, int] = {"": 0}
+        self.version = 0
+        self.tables: dict[str, TableState] = {}
+        for spec in tables:
+            if not spec.is_resolved:
+                raise ValueError(f"table {spec.name!r}: the spec must be resolved before a shard holds it")
+            if spec.name in self.tables:
+                raise ValueError(f"duplicate table name {spec.name!r}")
+            self.tables[spec.name] = TableState(spec, self.initial_capacity)
+
+    # -- helpers ----------------------------------------------------------------------------------------
+    def table(self, name: str) -> TableState:
+        """The state of table ``name`` (raises :class:`UnknownTableError`)."""
+        try:
+            return self.tables[name]
+        except (KeyError, TypeError):
+            raise unknown_table(str(name), list(self.tables)) from None
+
+    def _keys(self, t: TableState, keys: Any) -> tuple[np.ndarray, np.ndarray]:
+        k = check_keys(t.spec.name, keys)
+        b = bucket_of(k, self.buckets)
+        if self.check_ownership:
+            bad = ~self._owned_mask[b]
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise InvalidBatchError(
+                    f"table {t.spec.name!r}: key {int(k[i])} (bucket {int(b[i])}) is out of range for shard "
+                    f"{self.shard}, which owns {self.owned_buckets.size} of {self.buckets} buckets"
+                )
+        return k, b
+
+    def maker_code(self, maker: str) -> int:
+        """The int32 code of a maker name (registered on first use)."""
+        if not isinstance(maker, str):
+            raise InvalidDTypeError(f"maker must be a str, got {type(maker).__name__}")
+        code = self._maker_codes.get(maker)
+        if code is None:
+            code = len(self.makers)
+            self.makers.append(maker)
+            self._maker_codes[maker] = code
+        return code
+
+    def _allocate(self, t: TableState, keys: np.ndarray, buckets: np.ndarray, now: float) -> np.ndarray:
+        """Append rows for new unique keys, with initial values; returns their rows."""
+        m = keys.shape[0]
+        t.reserve(t.n + m)
+        rows = np.arange(t.n, t.n + m)
+        t.meta[rows] = 0
+        t.keys[rows] = keys
+        t.bucket[rows] = buckets
+        t.maker[rows] = 0
+        t.prov["wall_time"][rows] = now
+        for col in t.spec.columns:
+            t.cols[col.name][rows] = t.initial_values(col, keys)
+        for cname, slots in t.slots.items():
+            col = t.spec.column(cname)
+            for sname, arr in initial_slots(t.spec.optimizer, (m, *col.shape), t.spec.adagrad_initial_accumulator).items():
+                slots[sname][rows] = arr
+        t.n += m
+        t.index.insert(keys, rows, t.keys)
+        return rows
+
+    # -- reads ------------------------------------------------------------------------------------------
+    def lookup(
+        self,
+        table: str,
+        keys: Any,
+        columns: Sequence[str] | None = None,
+        insert: bool = False,
+        max_staleness: float | None = None,
+    ) -> LookupResult:
+        """Read rows (and with ``insert=True`` allocate missing keys and count frequency).
+
+        Parameters
+        ----------
+        table
+            Table name.
+        keys
+            ``int64[n]`` keys; duplicates allowed.
+        columns
+            Columns to return; all by default.
+        insert
+            Allocate missing keys with the table's deterministic initializer and add one to the
+            frequency of every key for each time it occurs in the batch (CARLS lookup-with-update).
+        max_staleness
+            Seconds; rows written longer ago are flagged in ``stale``.
+        """
+        t = self.table(table)
+        names = list(t.spec.column_names) if columns is None else [t.spec.column(c).name for c in columns]
+        if max_staleness is not None and not (float(max_staleness) >= 0):
+            raise InvalidBatchError(f"table {table!r}: max_staleness must be >= 0 seconds, got {max_staleness!r}")
+        k, b = self._keys(t, keys)
+        now = self.clock()
+        if insert:
+            uniq, first, inverse, counts = np.unique(k, return_index=True, return_inverse=True, return_counts=True)
+            urows = t.index.find(uniq, t.keys)
+            missing = urows < 0
+            if missing.any():
+                urows[missing] = self._allocate(t, uniq[missing], b[first[missing]], now)
+                t.prov["version"][urows[missing]] = 1
+            t.frequency[urows] += counts
+            self.version += 1
+            rows = urows[inverse]
+        else:
+            rows = t.index.find(k, t.keys)
+        found = rows >= 0
+        all_found = bool(found.all())
+        safe = rows if all_found else np.where(found, rows, 0)
+        values = {}
+        for name in names:
+            v = np.take(t.cols[name], safe, axis=0)
+            if not all_found:
+                v[~found] = 0
+            values[name] = v
+        meta = np.take(t.meta, safe, axis=0)
+        if not all_found:
+            meta[~found] = (0, 0, -1, 0, 0)
+        age = now - meta[:, 4].view(np.float64)
+        if not all_found:
+            age[~found] = np.nan
+        stale = np.zeros(k.shape[0], dtype=bool) if max_staleness is None else found & (age > float(max_staleness))
+        return LookupResult(
+            values=values,
+            found=found,
+            age=age,
+            version=meta[:, 1].copy(),
+            model_step=meta[:, 2].copy(),
+            frequency=meta[:, 3].copy(),
+            stale=stale,
+        )
+
+    def contains(self, table: str, keys: Any) -> np.ndarray:
+        """``bool[n]``: whether each key is present (frequency untouched)."""
+        t = self.table(table)
+        k, _ = self._keys(t, keys)
+        return t.index.find(k, t.keys) >= 0
+
+    def size(self, table: str | None = None) -> int:
+        """Rows in ``table`` (or in all tables)."""
+        if table is None:
+            return sum(t.n for t in self.tables.values())
+        return self.table(table).n
+
+    def keys(self, table: str) -> np.ndarray:
+        """All keys of ``table`` (a copy, in row order)."""
+        t = self.table(table)
+        return t.keys[: t.n].copy()
+
+    def keys_and_frequency(self, table: str) -> tuple[np.ndarray, np.ndarray]:
+        """Keys of ``table`` with their frequencies (copies)."""
+        t = self.table(table)
+        return t.keys[: t.n].copy(), t.frequency[: t.n].copy()
+
+    def rows(self, table: str, keys: Any) -> dict[str, np.ndarray]:
+        """Full rows (keys, bucket, frequency, prov/*, col/*, slot/*) of the present ``keys``."""
+        t = self.table(table)
+        k = check_keys(table, keys, allow_empty=True)
+        r = t.index.find(k, t.keys)
+        r = r[r >= 0]
+        return {name: arr[r].copy() for name, arr in t.arrays()}
+
+    # -- writes -----------------------------------------------------------------------------------------
+    def update(
+        self,
+        table: str,
+        keys: Any,
+        values: Mapping[str, Any],
+        *,
+        model_step: int = 0,
+        maker: str = "",
+    ) -> np.ndarray:
+        """Write column values (upsert; the last occurrence of a key in the batch wins).
+
+        Missing keys are allocated first (other columns get their initial values). Each written row's
+        ``version`` goes up by one and its provenance is set to ``(model_step, maker, now)``.
+
+        Returns
+        -------
+        numpy.ndarray
+            The unique keys written.
+        """
+        t = self.table(table)
+        if not isinstance(values, Mapping) or not values:
+            raise InvalidBatchError(
+                f"table {table!r}: values must be a non-empty dict of column -> array, got {type(values).__name__}"
+            )
+        k, b = self._keys(t, keys)
+        n = k.shape[0]
+        checked = {name: coerce_column_values(table, t.spec.column(name), v, n) for name, v in values.items()}
+        if isinstance(model_step, bool) or not isinstance(model_step, int | np.integer):
+            raise InvalidDTypeError(f"table {table!r}: model_step must be an int, got {model_step!r}")
+        code = self.maker_code(maker)
+        now = self.clock()
+        rev_uniq, rev_first = np.unique(k[::-1], return_index=True)
+        last = n - 1 - rev_first
+        uniq = k[last]
+        urows = t.index.find(uniq, t.keys)
+        missing = urows < 0
+        if missing.any():
+            urows[missing] = self._allocate(t, uniq[missing], b[last[missing]], now)
+        for name, v in checked.items():
+            t.cols[name][urows] = v[last]
+        self._touch(t, urows, now, int(model_step), code)
+        return rev_uniq
+
+    def _touch(self, t: TableState, rows: np.ndarray, now: float, model_step: int | None, code: int | None) -> None:
+        t.prov["version"][rows] += 1
+        t.prov["wall_time"][rows] = now
+        if model_step is not None:
+            t.prov["model_step"][rows] = model_step
+        if code is not None:
+            t.prov["maker"][rows] = code
+        self.version += 1
+
+    def apply_gradients(
+        self,
+        table: str,
+        keys: Any,
+        grads: Mapping[str, Any] | np.ndarray,
+        column: str = "embedding",
+        learning_rate: float | None = None,
+    ) -> np.ndarray:
+        """Apply the table's optimizer to the rows of ``keys`` (duplicate keys' gradients are summed).
+
+        Keys that are not in the table are skipped, as in CARLS; the returned mask says which were applied.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``bool[n]``: whether each key's row was present and updated.
+        """
+        t = self.table(table)
+        spec = t.spec
+        if spec.optimizer is None:
+            raise InvalidBatchError(f"table {table!r} has no optimizer; create it with optimizer='sgd', 'adagrad' or 'adam'")
+        if not isinstance(grads, Mapping):
+            grads = {column: grads}
+        if not grads:
+            raise InvalidBatchError(f"table {table!r}: gradients must be a non-empty dict of column -> array")
+        lr = spec.learning_rate if learning_rate is None else learning_rate
+        if lr is None or not (float(lr) > 0) or not math.isfinite(float(lr)):
+            raise InvalidBatchError(f"table {table!r}: learning_rate must be a finite number > 0, got {lr!r}")
+        k, _ = self._keys(t, keys)
+        n = k.shape[0]
+        checked: dict[str, np.ndarray] = {}
+        for name, g in grads.items():
+            col = spec.column(name)
+            if not col.is_float:
+                raise InvalidDTypeError(
+                    f"table {table!r}, column {name!r}: gradients need a float column, but it is {col.dtype}"
+                )
+            checked[name] = coerce_column_values(table, col, g, n, what="gradients", dtype=np.dtype(np.float32))
+            check_finite(table, name, "gradients", checked[name])
+        rows = t.index.find(k, t.keys)
+        found = rows >= 0
+        if not found.any():
+            return found
+        fk = k[found]
+        uniq, inverse = np.unique(fk, return_inverse=True)
+        urows = t.index.find(uniq, t.keys)
+        order = np.argsort(inverse, kind="stable")
+        starts = np.flatnonzero(np.r_[True, np.diff(inverse[order]) != 0])
+        now = self.clock()
+        results: list[tuple[str, np.ndarray, dict[str, np.ndarray]]] = []
+        for name, g in checked.items():
+            gf = g[found]
+            summed = gf[order] if uniq.shape[0] == fk.shape[0] else np.add.reduceat(gf[order], starts, axis=0)
+            if name in t.slots:
+                cur = {s: a[urows] for s, a in t.slots[name].items()}
+            else:
+                col = spec.column(name)
+                cur = initial_slots(spec.optimizer, (uniq.shape[0], *col.shape), spec.adagrad_initial_accumulator)
+            new_w, new_slots = apply_optimizer(
+                str(spec.optimizer),
+                t.cols[name][urows],
+                summed,
+                cur,
+                learning_rate=float(lr),
+                step=t.opt_step.get(name, 0) + 1,
+                betas=spec.adam_betas,
+                epsilon=spec.adam_epsilon,
+            )
+            if not np.isfinite(new_w).all():
+                raise InvalidBatchError(
+                    f"table {table!r}, column {name!r}: the {spec.optimizer} step would make weights non-finite; "
+                    "nothing was changed"
+                )
+            results.append((name, new_w, new_slots))
+        for name, new_w, new_slots in results:
+            slots = t.ensure_slots(name)
+            t.opt_step[name] = t.opt_step.get(name, 0) + 1
+            t.cols[name][urows] = new_w
+            for s, a in new_slots.items():
+                slots[s][urows] = a
+        self._touch(t, urows, now, None, None)
+        return found
+
+    def delete(self, table: str, keys: Any) -> np.ndarray:
+        """Remove keys; returns ``bool[n]``, True where the key was present."""
+        t = self.table(table)
+        k, _ = self._keys(t, keys)
+        rows = t.index.find(k, t.keys)
+        present = rows >= 0
+        dead = np.unique(rows[present])
+        if dead.size == 0:
+            return present
+        n_new = t.n - dead.size
+        t.index.remove(t.keys[dead], t.keys)
+        tail = np.arange(n_new, t.n)
+        movers = tail[~np.isin(tail, dead, assume_unique=True)]
+        holes = dead[dead < n_new]
+        if movers.size:
+            slots, _ = t.index.find_slots(t.keys[movers], t.keys)
+            for _name, arr in list(t.storage()):
+                arr[holes] = arr[movers]
+            t.index.set_rows(slots, holes)
+        t.n = n_new
+        if t.index.dead > t.index.live:
+            t.index.rebuild(max(t.n, 1), t.keys, None)
+        self.version += 1
+        return present
+
+    # -- sampling and retrieval --------------------------------------------------------------------------
+    def sample_negatives(
+        self,
+        table: str,
+        n: int,
+        sampler: str = "uniform",
+        unique: bool = True,
+        true_keys: Any = None,
+        seed: int | None = None,
+    ) -> NegativeSample:
+        """Sample candidates from this shard's keys (see :func:`carls_dask.bank.sampling.sample_candidates`)."""
+        keys, freq = self.keys_and_frequency(table)
+        tk = None if true_keys is None else check_keys(table, true_keys, allow_empty=True)
+        return sample_candidates(
+            table,
+            order_by_frequency(keys, freq),
+            int(n),
+            sampler=sampler,
+            unique=unique,
+            true_keys=tk,
+            rng=np.random.default_rng(seed),
+        )
+
+    def top_k(
+        self, table: str, query: Any, k: int, column: str = "embedding", metric: str = "dot"
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-k rows of this shard by dot product or cosine similarity.
+
+        Returns ``(keys[q, k'], scores[q, k'])`` best first, where ``k' = min(k, usable rows)``
+        (rows with a zero norm are not usable under cosine).
+        """
+        t = self.table(table)
+        col = t.spec.column(column)
+        if metric not in METRICS:
+            raise InvalidBatchError(f"table {table!r}: metric {metric!r} is unknown; expected one of {METRICS}")
+        if len(col.shape) != 1 or not col.is_float:
+            raise InvalidShapeError(
+                f"table {table!r}, column {column!r}: top_k needs a float vector column, got {col.dtype}{list(col.shape)}"
+            )
+        q = np.asarray(query)
+        if q.ndim != 2 or q.shape[1] != col.shape[0] or q.shape[0] == 0:
+            raise InvalidShapeError(
+                f"table {table!r}, column {column!r}: query has shape {q.shape}; expected (q>0, {col.shape[0]})"
+            )
+        if q.dtype.kind not in "iuf":
+            raise InvalidDTypeError(f"table {table!r}: query of dtype {q.dtype} is not numeric")
+        q = q.astype(np.float32)
+        check_finite(table, column, "query", q)
+        if isinstance(k, bool) or int(k) <= 0:
+            raise InvalidBatchError(f"table {table!r}: k must be a positive int, got {k!r}")
+        k = int(k)
+        if metric == "cosine":
+            qn = np.linalg.norm(q, axis=1, keepdims=True)
+            q = q / np.maximum(qn, 1e-12)
+        best_s = np.full((q.shape[0], 0), -np.inf, dtype=np.float32)
+        best_k = np.zeros((q.shape[0], 0), dtype=np.int64)
+        for lo in range(0, t.n, _TOPK_CHUNK):
+            hi = min(t.n, lo + _TOPK_CHUNK)
+            e = t.cols[column][lo:hi].astype(np.float32, copy=False)
+            keys = t.keys[lo:hi]
+            if metric == "cosine":
+                norms = np.linalg.norm(e, axis=1)
+                ok = norms >= 1e-6
+                e = e[ok] / norms[ok, None]
+                keys = keys[ok]
+            if keys.size == 0:
+                continue
+            s = q @ e.T
+            cand_s = np.concatenate([best_s, s], axis=1)
+            cand_k = np.concatenate([best_k, np.broadcast_to(keys, s.shape)], axis=1)
+            kk = min(k, cand_s.shape[1])
+            part = np.argpartition(-cand_s, kk - 1, axis=1)[:, :kk] if kk < cand_s.shape[1] else np.argsort(-cand_s, axis=1)
+            best_s = np.take_along_axis(cand_s, part, axis=1)
+            best_k = np.take_along_axis(cand_k, part, axis=1)
+        order = np.lexsort((best_k, -best_s), axis=1) if best_s.shape[1] else np.zeros_like(best_k)
+        return np.take_along_axis(best_k, order, axis=1), np.take_along_axis(best_s, order, axis=1)
+
+    # -- state ------------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Sizes and memory of each table."""
+        out: dict[str, Any] = {"shard": self.shard, "version": self.version, "tables": {}}
+        for name, t in self.tables.items():
+            out["tables"][name] = {
+                "rows": t.n,
+                "capacity": t.cap,
+                "bytes_allocated": t.nbytes(),
+                "bytes_used": t.used_bytes(),
+                "payload_bytes_per_row": t.spec.payload_bytes(),
+                "index_bytes": t.index.nbytes,
+                "optimizer_steps": dict(t.opt_step),
+            }
+        return out
+
+    def export_state(self) -> dict[str, Any]:
+        """The shard's whole state as JSON-able meta plus row-aligned numpy arrays (copies)."""
+        meta = {
+            "format": STATE_FORMAT,
+            "shard": self.shard,
+            "n_shards": self.n_shards,
+            "buckets": self.buckets,
+            "owned_buckets": [int(b) for b in self.owned_buckets],
+            "tables": {name: t.spec.to_json() for name, t in self.tables.items()},
+            "makers": list(self.makers),
+            "version": self.version,
+            "optimizer": {name: {c: {"step": s} for c, s in t.opt_step.items()} for name, t in self.tables.items()},
+        }
+        tables = {name: {a: arr[: t.n].copy() for a, arr in t.arrays()} for name, t in self.tables.items()}
+        return {"meta": meta, "tables": tables}
+
+    @classmethod
+    def from_state(
+        cls,
+        state: Mapping[str, Any],
+        *,
+        clock: Callable[[], float] = time.time,
+        initial_capacity: int = 1024,
+    ) -> ShardCore:
+        """Rebuild a shard from :meth:`export_state` output."""
+        meta = state["meta"]
+        if meta.get("format") != STATE_FORMAT:
+            raise IncompatibleStoreError(f"shard state has format {meta.get('format')!r}; expected {STATE_FORMAT}")
+        specs = [TableSpec.from_json(s) for s in meta["tables"].values()]
+        core = cls(
+            specs,
+            shard=meta["shard"],
+            n_shards=meta["n_shards"],
+            buckets=meta["buckets"],
+            owned_buckets=meta["owned_buckets"],
+            initial_capacity=initial_capacity,
+            clock=clock,
+        )
+        for name, arrays in state["tables"].items():
+            core.import_rows(name, arrays, makers=meta["makers"])
+        for name, cols in meta.get("optimizer", {}).items():
+            for c, info in cols.items():
+                core.table(name).opt_step[c] = int(info["step"])
+        core.version = int(meta["version"])
+        return core
+
+    def import_rows(self, table: str, arrays: Mapping[str, np.ndarray], *, makers: Sequence[str] | None = None) -> int:
+        """Upsert full rows (as in the exported state) exactly as given, provenance included.
+
+        Rows of buckets this shard does not own are ignored. Maker codes are translated from
+        ``makers`` (the writer's list of maker names) to this shard's codes.
+
+        Returns
+        -------
+        int
+            Rows written.
+        """
+        t = self.table(table)
+        keys = check_keys(table, arrays["keys"], allow_empty=True)
+        if keys.size == 0:
+            return 0
+        buckets = bucket_of(keys, self.buckets)
+        mine = self._owned_mask[buckets]
+        if not mine.all():
+            keys = keys[mine]
+            arrays = {a: np.asarray(v)[mine] for a, v in arrays.items()}
+            buckets = buckets[mine]
+        n = keys.shape[0]
+        if n == 0:
+            return 0
+        for name in arrays:
+            if name.startswith("col/"):
+                coerce_column_values(table, t.spec.column(name[4:]), arrays[name], n)
+        rows = t.index.find(keys, t.keys)
+        missing = rows < 0
+        if missing.any():
+            rows[missing] = self._allocate(t, keys[missing], buckets[missing], self.clock())
+        for name, v in arrays.items():
+            v = np.asarray(v)
+            if name in ("keys", "bucket"):
+                continue
+            if name == "frequency":
+                t.frequency[rows] = v
+            elif name == "prov/maker":
+                names = list(makers) if makers is not None else self.makers
+                lut = np.array([self.maker_code(m) for m in names], dtype=np.int32)
+                t.prov["maker"][rows] = lut[v]
+            elif name.startswith("prov/"):
+                t.prov[name[5:]][rows] = v
+            elif name.startswith("col/"):
+                t.cols[name[4:]][rows] = v
+            elif name.startswith("slot/"):
+                _, cname, sname = name.split("/")
+                t.ensure_slots(cname)[sname][rows] = v
+        return int(n)

@@ -1,0 +1,165 @@
+"""A vectorized int64 -> row index: NumPy open addressing with linear probing.
+
+The index holds only ``int32`` row numbers in a power-of-two slot array; keys are compared by
+looking them up in the owner's key column (passed in), so the index costs 4 bytes per slot (8-16
+bytes per key at a load factor between 1/4 and 1/2). All operations work on whole batches: each
+probe round is one NumPy pass over the keys still unresolved, so there is no Python loop per key.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from carls_dask.bank.hashing import splitmix64
+
+__all__ = ["KeyIndex"]
+
+EMPTY = np.int32(-1)
+TOMBSTONE = np.int32(-2)
+_INDEX_SALT = np.uint64(0x5851F42D4C957F2D)
+_WINDOW = 8
+
+
+class KeyIndex:
+    """Open-addressing hash index from int64 keys to int32 row numbers.
+
+    Parameters
+    ----------
+    capacity
+        Number of keys to hold before the first resize.
+    max_load
+        Largest fraction of slots in use (live or deleted) before the slot array doubles.
+    """
+
+    def __init__(self, capacity: int = 1024, max_load: float = 0.5) -> None:
+        self.max_load = float(max_load)
+        bits = max(4, int(np.ceil(np.log2(max(capacity, 1) / self.max_load))))
+        self._alloc(bits)
+
+    def _alloc(self, bits: int) -> None:
+        self.bits = bits
+        self.slots = np.full(1 << bits, EMPTY, dtype=np.int32)
+        self.live = 0
+        self.dead = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the slot array."""
+        return int(self.slots.nbytes)
+
+    def _home(self, keys: np.ndarray) -> np.ndarray:
+        h = splitmix64(keys.view(np.uint64) ^ _INDEX_SALT)
+        return (h >> np.uint64(64 - self.bits)).astype(np.int64)
+
+    def find(self, keys: np.ndarray, key_column: np.ndarray) -> np.ndarray:
+        """Row of each key, or -1 where the key is absent.
+
+        Parameters
+        ----------
+        keys
+            ``int64[n]`` keys to look up.
+        key_column
+            The owner's key of each row (``key_column[row]``).
+        """
+        return self.find_slots(keys, key_column)[1]
+
+    def insert(self, keys: np.ndarray, rows: np.ndarray, key_column: np.ndarray) -> None:
+        """Insert keys known to be absent and unique, mapping them to ``rows``.
+
+        ``key_column`` must already hold the new keys at ``rows`` (it is used if the index grows).
+        """
+        keys = np.asarray(keys, dtype=np.int64)
+        if keys.size == 0:
+            return
+        if (self.live + self.dead + keys.size) > self.max_load * self.slots.size:
+            self.rebuild(self.live + keys.size, key_column, extra_rows=None)
+        self._place(keys, np.asarray(rows, dtype=np.int32))
+        self.live += int(keys.size)
+
+    def _place(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        mask = np.int64((1 << self.bits) - 1)
+        pos = self._home(keys)
+        pending = np.arange(keys.shape[0])
+        while pending.size:
+            p = pos[pending]
+            free = self.slots[p] == EMPTY
+            cand = pending[free]
+            if cand.size:
+                uniq, first = np.unique(p[free], return_index=True)
+                winners = cand[first]
+                self.slots[uniq] = rows[winners]
+                won = np.zeros(keys.shape[0], dtype=bool)
+                won[winners] = True
+                pending = pending[~won[pending]]
+            pos[pending] = (pos[pending] + 1) & mask
+
+    def remove(self, keys: np.ndarray, key_column: np.ndarray) -> np.ndarray:
+        """Remove present keys; returns their former rows (-1 for absent keys)."""
+        rows = self.find_slots(keys, key_column)
+        hit = rows[1] >= 0
+        self.slots[rows[0][hit]] = TOMBSTONE
+        self.live -= int(hit.sum())
+        self.dead += int(hit.sum())
+        return rows[1]
+
+    def find_slots(self, keys: np.ndarray, key_column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Slot and row of each key (both -1 where absent).
+
+        The first probe looks at each key's home slot; keys still unresolved then scan windows of
+        ``_WINDOW`` consecutive slots at once, so long probe chains cost few NumPy passes.
+        """
+        keys = np.asarray(keys, dtype=np.int64)
+        slot_out = np.full(keys.shape[0], -1, dtype=np.int64)
+        row_out = np.full(keys.shape[0], -1, dtype=np.int64)
+        if keys.size == 0 or self.live == 0:
+            return slot_out, row_out
+        mask = np.int64((1 << self.bits) - 1)
+        home = self._home(keys)
+        s = self.slots[home]
+        match = (s >= 0) & (key_column[np.maximum(s, 0)] == keys)
+        slot_out[match] = home[match]
+        row_out[match] = s[match]
+        pending = np.flatnonzero((s != EMPTY) & ~match)
+        start = (home[pending] + 1) & mask
+        window = np.arange(_WINDOW, dtype=np.int64)
+        while pending.size:
+            pos = (start[:, None] + window[None, :]) & mask
+            sw = self.slots[pos]
+            hit = (sw >= 0) & (key_column[np.maximum(sw, 0)] == keys[pending, None])
+            stop = hit | (sw == EMPTY)
+            any_stop = stop.any(axis=1)
+            first = stop.argmax(axis=1)
+            rows_i = np.arange(pending.size)
+            found = any_stop & hit[rows_i, first]
+            fi = pending[found]
+            slot_out[fi] = pos[rows_i[found], first[found]]
+            row_out[fi] = sw[rows_i[found], first[found]]
+            keep = ~any_stop
+            pending = pending[keep]
+            start = (start[keep] + _WINDOW) & mask
+        return slot_out, row_out
+
+    def set_rows(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        """Point existing slots at new rows (after rows were moved)."""
+        self.slots[np.asarray(slots, dtype=np.int64)] = np.asarray(rows, dtype=np.int32)
+
+    def rebuild(self, n_keys: int, key_column: np.ndarray, extra_rows: np.ndarray | None) -> None:
+        """Re-create the slot array sized for ``n_keys`` from the live rows (drops tombstones)."""
+        live_rows = self.slots[self.slots >= 0]
+        bits = max(4, int(np.ceil(np.log2(max(n_keys, 1) / self.max_load))))
+        if (1 << bits) * self.max_load < n_keys:
+            bits += 1
+        self._alloc(bits)
+        if live_rows.size:
+            self._place(key_column[live_rows], live_rows.astype(np.int32))
+        self.live = int(live_rows.size)
+
+    @classmethod
+    def build(cls, key_column: np.ndarray, capacity: int | None = None, max_load: float = 0.5) -> KeyIndex:
+        """An index over rows ``0..len(key_column)-1`` (keys must be unique)."""
+        n = int(key_column.shape[0])
+        idx = cls(max(capacity or 0, n, 1), max_load=max_load)
+        if n:
+            idx._place(np.asarray(key_column, dtype=np.int64), np.arange(n, dtype=np.int32))
+            idx.live = n
+        return idx

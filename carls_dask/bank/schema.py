@@ -1,0 +1,419 @@
+"""Table and column descriptions of the knowledge bank, and batch validation against them.
+
+Everything here is pure: no Dask, no I/O. The same validation runs in the client (before a batch is
+fanned out, so a bad batch reaches no shard) and in the shard core (so a shard never trusts its caller).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from storage.errors import (
+    InvalidBatchError,
+    InvalidDTypeError,
+    InvalidShapeError,
+    UnknownColumnError,
+    UnknownTableError,
+)
+
+__all__ = [
+    "INITIALIZERS",
+    "OPTIMIZERS",
+    "PROVENANCE",
+    "Column",
+    "TableSpec",
+    "check_finite",
+    "check_keys",
+    "coerce_column_values",
+    "nodes_table",
+]
+
+INITIALIZERS = ("zeros", "uniform", "normal", "constant")
+OPTIMIZERS = ("sgd", "adagrad", "adam")
+#: Per-row provenance arrays every table carries, with their dtypes.
+PROVENANCE: dict[str, np.dtype[Any]] = {
+    "version": np.dtype("int64"),
+    "model_step": np.dtype("int64"),
+    "maker": np.dtype("int32"),
+    "wall_time": np.dtype("float64"),
+}
+_ALLOWED_DTYPES = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "bool")
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One named, typed column of a bank table.
+
+    Parameters
+    ----------
+    name
+        Column name, e.g. ``"embedding"``.
+    dtype
+        NumPy dtype name of the stored values.
+    shape
+        Shape of one row's value; ``()`` for a scalar per row.
+    dims
+        Dimension names of ``shape`` (used by the xarray view of the bank).
+    initializer
+        Initializer of this column for newly allocated rows; ``None`` uses the table's initializer for
+        float columns and zeros for integer and boolean columns.
+    init_scale
+        Scale of the column's own initializer; ``None`` uses the table's.
+    """
+
+    name: str
+    dtype: str = "float32"
+    shape: tuple[int, ...] = (64,)
+    dims: tuple[str, ...] = ("dim",)
+    initializer: str | None = None
+    init_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or "/" in self.name:
+            raise ValueError(f"Column name must be a non-empty string without '/', got {self.name!r}")
+        dt = np.dtype(self.dtype)
+        if dt.name not in _ALLOWED_DTYPES:
+            raise InvalidDTypeError(
+                f"column {self.name!r}: dtype {dt.name!r} is not supported; expected one of {_ALLOWED_DTYPES}"
+            )
+        object.__setattr__(self, "dtype", dt.name)
+        shape = tuple(int(s) for s in self.shape)
+        if any(s <= 0 for s in shape):
+            raise InvalidShapeError(f"column {self.name!r}: every dimension must be positive, got shape {shape}")
+        object.__setattr__(self, "shape", shape)
+        dims = tuple(self.dims)
+        if len(shape) == 0:
+            dims = ()
+        if len(dims) != len(shape):
+            raise InvalidShapeError(
+                f"column {self.name!r}: dims {dims} must name each dimension of shape {shape}"
+            )
+        object.__setattr__(self, "dims", dims)
+        if self.initializer is not None and self.initializer not in INITIALIZERS:
+            raise ValueError(
+                f"column {self.name!r}: initializer {self.initializer!r} is not one of {INITIALIZERS}"
+            )
+
+    @property
+    def np_dtype(self) -> np.dtype[Any]:
+        """The column's dtype as a :class:`numpy.dtype`."""
+        return np.dtype(self.dtype)
+
+    @property
+    def is_float(self) -> bool:
+        """Whether the column holds floating-point values (gradients and NaN checks apply)."""
+        return bool(np.issubdtype(self.np_dtype, np.floating))
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row of this column."""
+        return int(self.np_dtype.itemsize * math.prod(self.shape))
+
+    def to_json(self) -> dict[str, Any]:
+        """Return a JSON-able description (inverse of :meth:`from_json`)."""
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "dims": list(self.dims),
+            "initializer": self.initializer,
+            "init_scale": self.init_scale,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Column:
+        """Build a column from :meth:`to_json` output."""
+        return cls(
+            name=data["name"],
+            dtype=data["dtype"],
+            shape=tuple(data["shape"]),
+            dims=tuple(data["dims"]),
+            initializer=data.get("initializer"),
+            init_scale=data.get("init_scale"),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSpec:
+    """A bank table: named typed columns plus the shard-side optimizer and initializer.
+
+    Parameters
+    ----------
+    name
+        Table name.
+    columns
+        The table's columns; defaults to one ``embedding float32[64]``.
+    optimizer
+        ``"sgd"``, ``"adagrad"``, ``"adam"`` or ``None`` (no ``apply_gradients``). The sentinel
+        ``"default"`` takes ``carls.bank.optimizer`` when the bank is created.
+    learning_rate
+        Default learning rate of ``apply_gradients``; ``None`` takes ``carls.bank.learning-rate``.
+    initializer
+        Default initializer of float columns (``zeros``, ``uniform``, ``normal``, ``constant``);
+        ``None`` takes ``carls.bank.initializer``.
+    init_scale
+        Standard deviation (normal), half-width (uniform) or value (constant); ``None`` takes
+        ``carls.bank.init-scale``.
+    seed
+        Seed of the deterministic per-key initializer.
+    adagrad_initial_accumulator
+        Starting value of Adagrad accumulators (CARLS recommends 0.1).
+    adam_betas, adam_epsilon
+        Adam's moment decay rates and epsilon.
+    """
+
+    name: str
+    columns: tuple[Column, ...] = (Column("embedding"),)
+    optimizer: str | None = "default"
+    learning_rate: float | None = None
+    initializer: str | None = None
+    init_scale: float | None = None
+    seed: int = 0
+    adagrad_initial_accumulator: float = 0.1
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_epsilon: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or "/" in self.name:
+            raise ValueError(f"TableSpec name must be a non-empty string without '/', got {self.name!r}")
+        cols = tuple(self.columns)
+        if not cols:
+            raise ValueError(f"table {self.name!r}: at least one column is required")
+        names = [c.name for c in cols]
+        if len(set(names)) != len(names):
+            raise ValueError(f"table {self.name!r}: duplicate column names in {names}")
+        object.__setattr__(self, "columns", cols)
+        if self.optimizer not in (None, "default", *OPTIMIZERS):
+            raise ValueError(f"table {self.name!r}: optimizer {self.optimizer!r} is not one of {OPTIMIZERS} or None")
+        if self.initializer is not None and self.initializer not in INITIALIZERS:
+            raise ValueError(f"table {self.name!r}: initializer {self.initializer!r} is not one of {INITIALIZERS}")
+        if self.learning_rate is not None and not (self.learning_rate > 0):
+            raise ValueError(f"table {self.name!r}: learning_rate must be > 0, got {self.learning_rate!r}")
+        if self.init_scale is not None and not (self.init_scale >= 0):
+            raise ValueError(f"table {self.name!r}: init_scale must be >= 0, got {self.init_scale!r}")
+        if not (self.adagrad_initial_accumulator > 0):
+            raise ValueError(
+                f"table {self.name!r}: adagrad_initial_accumulator must be > 0, got {self.adagrad_initial_accumulator!r}"
+            )
+        object.__setattr__(self, "adam_betas", tuple(float(b) for b in self.adam_betas))
+
+    # -- lookups -----------------------------------------------------------------------------------
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        """Names of the columns in declaration order."""
+        return tuple(c.name for c in self.columns)
+
+    def column(self, name: str) -> Column:
+        """Return the column called ``name``.
+
+        Raises
+        ------
+        UnknownColumnError
+            If the table has no such column.
+        """
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise UnknownColumnError(
+            f"table {self.name!r} has no column {name!r}; its columns are {list(self.column_names)}"
+        )
+
+    @property
+    def is_resolved(self) -> bool:
+        """Whether every default has been filled in (see :meth:`resolve`)."""
+        return (
+            self.optimizer != "default"
+            and self.learning_rate is not None
+            and self.initializer is not None
+            and self.init_scale is not None
+        )
+
+    def resolve(
+        self, *, optimizer: str | None, learning_rate: float, initializer: str, init_scale: float
+    ) -> TableSpec:
+        """Return a copy with unset fields taken from the given defaults."""
+        return dataclasses.replace(
+            self,
+            optimizer=optimizer if self.optimizer == "default" else self.optimizer,
+            learning_rate=learning_rate if self.learning_rate is None else self.learning_rate,
+            initializer=initializer if self.initializer is None else self.initializer,
+            init_scale=init_scale if self.init_scale is None else self.init_scale,
+        )
+
+    def slot_names(self) -> tuple[str, ...]:
+        """Names of the optimizer slots each float column keeps."""
+        return {"adagrad": ("accumulator",), "adam": ("m", "v")}.get(str(self.optimizer), ())
+
+    def payload_bytes(self) -> int:
+        """Bytes of one row's column values."""
+        return sum(c.row_bytes for c in self.columns)
+
+    # -- JSON --------------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """Return a JSON-able description (inverse of :meth:`from_json`)."""
+        return {
+            "name": self.name,
+            "columns": [c.to_json() for c in self.columns],
+            "optimizer": self.optimizer,
+            "learning_rate": self.learning_rate,
+            "initializer": self.initializer,
+            "init_scale": self.init_scale,
+            "seed": self.seed,
+            "adagrad_initial_accumulator": self.adagrad_initial_accumulator,
+            "adam_betas": list(self.adam_betas),
+            "adam_epsilon": self.adam_epsilon,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TableSpec:
+        """Build a table spec from :meth:`to_json` output."""
+        return cls(
+            name=data["name"],
+            columns=tuple(Column.from_json(c) for c in data["columns"]),
+            optimizer=data.get("optimizer"),
+            learning_rate=data.get("learning_rate"),
+            initializer=data.get("initializer"),
+            init_scale=data.get("init_scale"),
+            seed=int(data.get("seed", 0)),
+            adagrad_initial_accumulator=float(data.get("adagrad_initial_accumulator", 0.1)),
+            adam_betas=tuple(data.get("adam_betas", (0.9, 0.999))),
+            adam_epsilon=float(data.get("adam_epsilon", 1e-8)),
+        )
+
+
+def nodes_table(
+    name: str = "nodes", *, dim: int = 64, classes: int = 7, neighbours: int = 8, **kwargs: Any
+) -> TableSpec:
+    """The typical knowledge table: embedding, logits, pseudo label, confidence, difficulty, neighbours."""
+    return TableSpec(
+        name,
+        columns=(
+            Column("embedding", "float32", (dim,), ("dim",)),
+            Column("logits", "float32", (classes,), ("class",), initializer="zeros"),
+            Column("pseudo_label", "int64", (), ()),
+            Column("confidence", "float32", (), (), initializer="zeros"),
+            Column("difficulty", "float32", (), (), initializer="zeros"),
+            Column("neighbours", "int64", (neighbours,), ("neighbour",)),
+        ),
+        **kwargs,
+    )
+
+
+# -- batch validation -------------------------------------------------------------------------------
+def check_keys(table: str, keys: np.ndarray, *, allow_empty: bool = False) -> np.ndarray:
+    """Validate a key batch and return it as a contiguous ``int64[n]``.
+
+    Raises
+    ------
+    InvalidShapeError
+        If the keys are not one-dimensional.
+    InvalidDTypeError
+        If the keys are not integers.
+    InvalidBatchError
+        If the batch is empty (unless allowed) or a key does not fit in int64.
+    """
+    arr = np.asarray(keys)
+    if arr.ndim != 1:
+        raise InvalidShapeError(f"table {table!r}: keys must be a 1-D array, got shape {arr.shape}")
+    if arr.size == 0 and not allow_empty:
+        raise InvalidBatchError(f"table {table!r}: empty batch (0 keys); expected at least one key")
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int64)
+    if arr.dtype.kind not in "iu":
+        raise InvalidDTypeError(
+            f"table {table!r}: keys must be integers (int64) or strings hashed by the client, got dtype {arr.dtype}"
+        )
+    if arr.dtype.kind == "u" and arr.dtype.itemsize >= 8 and int(arr.max()) > np.iinfo(np.int64).max:
+        raise InvalidBatchError(
+            f"table {table!r}: key {int(arr.max())} is out of range; expected keys within int64 "
+            f"[{np.iinfo(np.int64).min}, {np.iinfo(np.int64).max}]"
+        )
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def check_finite(table: str, column: str, what: str, arr: np.ndarray) -> None:
+    """Raise :class:`InvalidBatchError` if a float array holds NaN or Inf."""
+    if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
+        bad = np.argwhere(~np.isfinite(arr.reshape(arr.shape[0], -1)))[0]
+        raise InvalidBatchError(
+            f"table {table!r}, column {column!r}: {what} contain NaN or Inf (first at row {int(bad[0])}); "
+            "expected finite values"
+        )
+
+
+def coerce_column_values(
+    table: str, col: Column, values: Any, n: int, *, what: str = "values", dtype: np.dtype[Any] | None = None
+) -> np.ndarray:
+    """Validate one column's batch of values and return it cast to the column's dtype.
+
+    Parameters
+    ----------
+    table
+        Table name, for messages.
+    col
+        The target column.
+    values
+        Array-like of shape ``[n, *col.shape]``.
+    n
+        Number of keys in the batch.
+    what
+        ``"values"`` or ``"gradients"``, for messages.
+    dtype
+        Target dtype; defaults to the column's.
+
+    Raises
+    ------
+    InvalidDTypeError
+        If the values cannot be cast safely (same kind) to the target dtype.
+    InvalidShapeError
+        If the shape is not ``[n, *col.shape]``.
+    InvalidBatchError
+        If float values hold NaN or Inf.
+    """
+    target = np.dtype(dtype) if dtype is not None else col.np_dtype
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "biuf" or not np.can_cast(arr.dtype, target, casting="same_kind"):
+        raise InvalidDTypeError(
+            f"table {table!r}, column {col.name!r}: {what} of dtype {arr.dtype} cannot be stored as {target}; "
+            f"expected a numeric array castable to {target}"
+        )
+    expected = (n, *col.shape)
+    if arr.shape != expected:
+        raise InvalidShapeError(
+            f"table {table!r}, column {col.name!r}: {what} have shape {arr.shape}; expected {expected} "
+            f"({n} keys x {col.dtype}{list(col.shape)})"
+        )
+    if target.kind == "f" and arr.dtype.kind == "f":
+        check_finite(table, col.name, what, arr)
+        if arr.dtype.itemsize > target.itemsize:
+            finfo = np.finfo(target)
+            if arr.size and float(np.abs(arr).max()) > float(finfo.max):
+                raise InvalidBatchError(
+                    f"table {table!r}, column {col.name!r}: {what} overflow {target} (max |x| = "
+                    f"{float(np.abs(arr).max()):.3g}); expected |x| <= {float(finfo.max):.3g}"
+                )
+    if target.kind in "iu" and arr.dtype.kind in "iu" and arr.size:
+        info = np.iinfo(target)
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < info.min or hi > info.max:
+            raise InvalidBatchError(
+                f"table {table!r}, column {col.name!r}: {what} out of range for {target} "
+                f"(got [{lo}, {hi}]); expected values within [{info.min}, {info.max}]"
+            )
+    return np.ascontiguousarray(arr, dtype=target)
+
+
+def check_columns_given(table: TableSpec, names: Sequence[str]) -> None:
+    """Raise :class:`UnknownColumnError` for a name the table does not hold."""
+    for name in names:
+        table.column(name)
+
+
+def unknown_table(name: str, known: Sequence[str]) -> UnknownTableError:
+    """Build the error for a table name the bank does not hold."""
+    return UnknownTableError(f"unknown table {name!r}; the bank holds tables {sorted(known)}")
