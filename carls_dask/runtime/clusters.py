@@ -1,0 +1,112 @@
+"""Starting or connecting to the Dask cluster a Workbench uses (``carls.cluster`` settings)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from carls_dask import config
+from storage.errors import ConfigError
+
+__all__ = ["JOBQUEUE_CLASSES", "gpu_workers", "start_cluster"]
+
+logger = logging.getLogger(__name__)
+
+#: dask-jobqueue cluster class for each ``carls.cluster.jobqueue.system``.
+JOBQUEUE_CLASSES = {
+    "slurm": "SLURMCluster",
+    "pbs": "PBSCluster",
+    "sge": "SGECluster",
+    "lsf": "LSFCluster",
+    "htcondor": "HTCondorCluster",
+    "oar": "OARCluster",
+    "moab": "MoabCluster",
+}
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def start_local(**overrides: Any) -> Any:
+    """Start a :class:`distributed.LocalCluster` from ``carls.cluster`` (worker processes).
+
+    Workers advertise a ``GPU`` resource when this machine has CUDA devices.
+    """
+    from distributed import LocalCluster
+
+    n_workers = int(config.get("cluster.n-workers", overrides.pop("n_workers", None)))
+    kwargs: dict[str, Any] = {
+        "n_workers": n_workers,
+        "threads_per_worker": int(config.get("cluster.threads-per-worker", overrides.pop("threads_per_worker", None))),
+        "processes": True,
+        "host": config.get("cluster.host", overrides.pop("host", None)),
+        "dashboard_address": config.get("cluster.dashboard-address", overrides.pop("dashboard_address", None)),
+    }
+    gpus = _local_gpus()
+    if gpus:
+        kwargs["resources"] = {"GPU": max(1, gpus // n_workers)}
+    kwargs.update(overrides)
+    return LocalCluster(**kwargs)
+
+
+def start_jobqueue(**overrides: Any) -> Any:
+    """Start a dask-jobqueue cluster of ``carls.cluster.jobqueue.system`` and scale it.
+
+    The cluster class reads its own ``jobqueue.<system>`` configuration (cores, memory, queue, ...);
+    ``overrides`` go to its constructor. With ``gpus-per-job > 0`` each worker advertises that many
+    ``GPU`` resources (and Slurm jobs ask for them with ``--gres``).
+    """
+    system = str(config.get("cluster.jobqueue.system", overrides.pop("system", None)))
+    if system not in JOBQUEUE_CLASSES:
+        raise ConfigError(f"carls.cluster.jobqueue.system: got {system!r}; expected one of {sorted(JOBQUEUE_CLASSES)}")
+    try:
+        import dask_jobqueue
+    except ImportError as exc:
+        raise ConfigError("carls.cluster.kind is 'jobqueue' but dask-jobqueue is not installed "
+                          "(pip install 'carls-dask[hpc]')") from exc
+    cls = getattr(dask_jobqueue, JOBQUEUE_CLASSES[system])
+    jobs = int(config.get("cluster.jobqueue.jobs", overrides.pop("jobs", None)))
+    gpus = int(config.get("cluster.jobqueue.gpus-per-job", overrides.pop("gpus_per_job", None)))
+    if gpus:
+        extra = list(overrides.pop("worker_extra_args", []) or [])
+        overrides["worker_extra_args"] = [*extra, "--resources", f"GPU={gpus}"]
+        if system == "slurm":
+            directives = list(overrides.pop("job_extra_directives", []) or [])
+            overrides["job_extra_directives"] = [*directives, f"--gres=gpu:{gpus}"]
+    cluster = cls(**overrides)
+    if jobs:
+        cluster.scale(jobs=jobs)
+    logger.info("started %s with %d job(s)", cls.__name__, jobs)
+    return cluster
+
+
+def start_cluster(kind: str | None = None, **overrides: Any) -> tuple[Any, str | None]:
+    """Start or locate the cluster of ``kind`` (default ``carls.cluster.kind``).
+
+    Returns
+    -------
+    (cluster, address)
+        ``cluster`` is the cluster object this call started (the caller closes it) or ``None``
+        when connecting to an existing scheduler at ``address``.
+    """
+    kind = str(config.get("cluster.kind", kind))
+    if kind == "local":
+        return start_local(**overrides), None
+    if kind == "address":
+        address = config.get("cluster.address", overrides.pop("address", None))
+        if not address:
+            raise ConfigError("carls.cluster.kind is 'address' but carls.cluster.address is not set; "
+                              "expected a scheduler address such as 'tcp://10.0.0.5:8786'")
+        return None, str(address)
+    if kind == "jobqueue":
+        return start_jobqueue(**overrides), None
+    raise ConfigError(f"carls.cluster.kind: got {kind!r}; expected 'local', 'address' or 'jobqueue'")
+
+
+def gpu_workers(client: Any) -> list[str]:
+    """Addresses of the workers that advertise a ``GPU`` resource."""
+    workers = client.scheduler_info(n_workers=-1).get("workers", {})
+    return sorted(addr for addr, info in workers.items() if info.get("resources", {}).get("GPU", 0) > 0)

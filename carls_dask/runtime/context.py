@@ -1,0 +1,164 @@
+"""What a running loop sees: its :class:`LoopContext`, and the results loops return."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from carls_dask.runtime.channel import ModelChannelLike
+
+__all__ = ["LoopContext", "LoopResult", "MakerRound", "StopControl", "ThreadStop", "pick_device"]
+
+
+def pick_device() -> str:
+    """``"cuda"`` when :func:`torch.cuda.is_available`, else ``"cpu"``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class StopControl:
+    """How a loop learns it should stop. Subclasses back it with a thread or a Dask event."""
+
+    def stop_requested(self) -> bool:
+        """True once a stop was asked for. Cheap enough to call every step."""
+        raise NotImplementedError
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, waking early on a stop; return :meth:`stop_requested`."""
+        raise NotImplementedError
+
+
+class ThreadStop(StopControl):
+    """A :class:`StopControl` backed by a :class:`threading.Event` (loops run in-process)."""
+
+    def __init__(self, event: threading.Event | None = None) -> None:
+        self.event = event if event is not None else threading.Event()
+
+    def stop_requested(self) -> bool:
+        return self.event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        return self.event.wait(max(0.0, seconds))
+
+    def set(self) -> None:
+        """Ask the loop to stop."""
+        self.event.set()
+
+
+@dataclasses.dataclass
+class LoopContext:
+    """Everything a trainer's or maker's hooks may use while it runs.
+
+    Attributes
+    ----------
+    name
+        The loop's name (the trainer's or maker's ``name``).
+    kind
+        ``"trainer"`` or ``"maker"``.
+    device
+        Torch device string the loop should use (``"cuda"`` where available, else ``"cpu"``).
+    channel
+        The model channel: trainers publish to it, makers read the newest version from it.
+    stop
+        The loop's stop control.
+    bank
+        The knowledge bank the Workbench created, or ``None``.
+    report
+        Sends a dict of numbers to the Workbench's progress display and metric store.
+    config
+        The resolved ``carls`` configuration namespace.
+    publish_every
+        Trainer steps between published versions.
+    poll_interval
+        Seconds between a maker's checks for a new version.
+    report_interval
+        Seconds between progress reports.
+    """
+
+    name: str
+    kind: str
+    device: str
+    channel: ModelChannelLike
+    stop: StopControl
+    bank: Any = None
+    report: Callable[[Mapping[str, float]], None] = lambda values: None
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    publish_every: int = 50
+    poll_interval: float = 0.5
+    report_interval: float = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class MakerRound:
+    """One round of a knowledge maker: the version it used and how stale that version was.
+
+    Attributes
+    ----------
+    version
+        The channel version number the round used.
+    model_step
+        The trainer step of that version.
+    staleness
+        Seconds from the version's publication until the round finished writing its knowledge.
+    seconds
+        How long the round took (load + make).
+    """
+
+    version: int
+    model_step: int
+    staleness: float
+    seconds: float
+
+
+@dataclasses.dataclass
+class LoopResult:
+    """What a loop's future returns.
+
+    Attributes
+    ----------
+    name, kind
+        The loop's name and kind (``"trainer"`` or ``"maker"``).
+    steps
+        Trainer steps taken, or maker rounds made.
+    elapsed
+        Seconds the loop ran (after set-up).
+    reason
+        Why it ended: ``"max_steps"``, ``"max_rounds"`` or ``"stopped"``.
+    published
+        For trainers: the records of the versions it published.
+    rounds
+        For makers: one :class:`MakerRound` per model version it used.
+    metrics
+        The last value of every metric the hooks returned.
+    value
+        What the ``finish`` hook returned.
+    state
+        The ``state`` hook's checkpoint at the end, when the loop keeps one.
+    """
+
+    name: str
+    kind: str
+    steps: int = 0
+    elapsed: float = 0.0
+    reason: str = ""
+    published: list[Any] = dataclasses.field(default_factory=list)
+    rounds: list[MakerRound] = dataclasses.field(default_factory=list)
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    value: Any = None
+    state: dict[str, Any] | None = None
+
+    @property
+    def versions(self) -> list[int]:
+        """Channel version numbers published (trainers) or used (makers), in order."""
+        if self.kind == "trainer":
+            return [int(v.version) for v in self.published]
+        return [r.version for r in self.rounds]
+
+
+def monotonic() -> float:
+    """Indirection over :func:`time.monotonic` (one place to read the clock)."""
+    return time.monotonic()

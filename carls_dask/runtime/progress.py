@@ -1,0 +1,136 @@
+"""Progress of a run: loops' reports gathered into one book, shown in the terminal, written to metrics.
+
+Loops send small dicts of numbers (see :func:`carls_dask.runtime.tasks.run_loop_task`). The
+:class:`ProgressBook` keeps the newest values per loop (pure, no I/O); :class:`ProgressSink` shows
+them with a tqdm bar and appends them to the run's metric store, one row per advance of the
+trainers' step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import pathlib
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from tqdm import tqdm
+
+__all__ = ["ProgressBook", "ProgressSink"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Bar(tqdm):
+    """A tqdm bar without tqdm's shared monitor thread (a Workbench leaves no threads behind)."""
+
+    monitor_interval = 0
+
+
+class ProgressBook:
+    """The newest reported values of every loop of a run."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.loops: dict[str, dict[str, float]] = {}
+        self.kinds: dict[str, str] = {}
+        self.events = 0
+
+    def update(self, msg: Mapping[str, Any]) -> None:
+        """Take one report: ``{"loop": name, "kind": ..., "time": ..., name: number, ...}``."""
+        name = str(msg.get("loop", "?"))
+        values = {}
+        for key, value in msg.items():
+            if value is None:
+                values[str(key)] = math.nan
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                values[str(key)] = float(value)
+            # anything else (loop, kind, the worker address Dask adds) is not a number to keep
+        with self._lock:
+            self.loops.setdefault(name, {}).update(values)
+            self.kinds[name] = str(msg.get("kind", ""))
+            self.events += 1
+
+    def trainer_step(self) -> int:
+        """The largest step any trainer reported (0 before the first report)."""
+        with self._lock:
+            steps = [v.get("step", 0.0) for n, v in self.loops.items() if self.kinds.get(n) == "trainer"]
+        return int(max(steps, default=0.0))
+
+    def row(self) -> dict[str, float]:
+        """All newest values, flattened to ``"<loop>.<name>"``."""
+        with self._lock:
+            return {f"{loop}.{key}": value for loop, values in self.loops.items()
+                    for key, value in values.items() if key != "time"}
+
+    def summary(self) -> str:
+        """A one-line summary: steps/s of trainers, versions and staleness of makers."""
+        parts = []
+        with self._lock:
+            for loop, v in sorted(self.loops.items()):
+                if self.kinds.get(loop) == "trainer":
+                    parts.append(f"{loop} {v.get('steps_per_s', math.nan):.0f} st/s")
+                    if "loss" in v:
+                        parts.append(f"loss {v['loss']:.3g}")
+                else:
+                    parts.append(f"{loop} v{int(v.get('version', 0))} stale {v.get('staleness_s', math.nan):.2f}s")
+        return ", ".join(parts)
+
+
+class ProgressSink:
+    """Shows a :class:`ProgressBook` in the terminal and appends it to a metric store.
+
+    Parameters
+    ----------
+    book
+        The book to read.
+    total
+        Trainer steps expected in all (``None`` when trainers run until stopped).
+    show
+        Whether to draw a terminal progress bar.
+    metrics_path
+        ``RUN/metrics.zarr``, or ``None`` to write no metrics.
+    run
+        Name of the run, stored with the metrics.
+    """
+
+    def __init__(self, book: ProgressBook, *, total: int | None = None, show: bool = True,
+                 metrics_path: str | pathlib.Path | None = None, run: str = "") -> None:
+        self.book = book
+        self._bar: Any = _Bar(total=total, unit="step", desc=run or "run", leave=False) if show else None
+        self._writer: Any = None
+        if metrics_path is not None:
+            from storage.metrics import MetricWriter
+
+            self._writer = MetricWriter(metrics_path, run=run)
+        self._last_step = -1
+        self.rows_written = 0
+
+    def set_total(self, total: int | None) -> None:
+        """Change the expected total of trainer steps."""
+        if self._bar is not None:
+            self._bar.total = total
+            self._bar.refresh()
+
+    def flush(self) -> None:
+        """Draw the newest values and append a metric row if the trainers' step advanced."""
+        step = self.book.trainer_step()
+        if self._bar is not None:
+            self._bar.n = step
+            self._bar.set_postfix_str(self.book.summary(), refresh=True)
+        if self._writer is not None and step > self._last_step and self.book.events:
+            row = {k: v for k, v in self.book.row().items() if not math.isnan(v)}
+            self._writer.append(step, **row)
+            self._last_step = step
+            self.rows_written += 1
+
+    def close(self) -> None:
+        """Write what is left and close the bar and the metric writer."""
+        try:
+            self.flush()
+        finally:
+            if self._bar is not None:
+                self._bar.close()
+            if self._writer is not None:
+                self._writer.close()

@@ -1,0 +1,108 @@
+"""The Dask shell of the loops: the function a long-lived future runs on a worker."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from carls_dask.runtime.channel import ModelChannel
+from carls_dask.runtime.context import LoopContext, LoopResult, StopControl, pick_device
+from carls_dask.runtime.loops import run_loop
+from carls_dask.runtime.maker import KnowledgeMaker
+from carls_dask.runtime.trainer import Trainer
+
+__all__ = ["DaskStop", "LoopSpec", "run_loop_task"]
+
+logger = logging.getLogger(__name__)
+
+
+class DaskStop(StopControl):
+    """A :class:`StopControl` backed by a :class:`distributed.Event`.
+
+    Each ``is_set`` is a scheduler round trip (~1 ms), so :meth:`stop_requested` asks the
+    scheduler at most once per ``check_interval`` seconds and otherwise answers from its cache.
+    """
+
+    def __init__(self, event_name: str, check_interval: float) -> None:
+        from distributed import Event, get_client
+
+        self._event = Event(event_name, client=get_client())
+        self._interval = check_interval
+        self._next = 0.0
+        self._stopped = False
+
+    def stop_requested(self) -> bool:
+        if self._stopped:
+            return True
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self._interval
+            self._stopped = bool(self._event.is_set())
+        return self._stopped
+
+    def wait(self, seconds: float) -> bool:
+        if not self._stopped and seconds > 0:
+            self._stopped = bool(self._event.wait(timeout=seconds))
+        return self.stop_requested()
+
+
+@dataclasses.dataclass
+class LoopSpec:
+    """What the Workbench sends with a loop: names of the cluster objects and settings."""
+
+    obj: Trainer | KnowledgeMaker
+    channel: ModelChannel
+    stop_event: str
+    topic: str
+    bank: Any = None
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    publish_every: int = 50
+    poll_interval: float = 0.5
+    report_interval: float = 0.5
+
+
+def _reporter(topic: str, name: str, kind: str) -> Any:
+    from distributed import get_worker
+
+    worker = get_worker()
+
+    def report(values: Mapping[str, float]) -> None:
+        msg = {"loop": name, "kind": kind, "time": time.time()}
+        for key, value in values.items():
+            v = float(value)
+            msg[key] = None if math.isnan(v) else v
+        worker.log_event(topic, msg)
+
+    return report
+
+
+def run_loop_task(spec: LoopSpec) -> LoopResult:
+    """Run one trainer or maker on this worker until it ends or the Workbench stops it.
+
+    It secedes from the worker's thread pool first, so short tasks on the same worker keep
+    running beside it. An exception propagates unchanged: the future fails with the original
+    traceback.
+    """
+    from distributed import secede
+
+    secede()
+    obj = spec.obj
+    ctx = LoopContext(
+        name=obj.name,
+        kind=obj.kind,
+        device=pick_device(),
+        channel=spec.channel,
+        stop=DaskStop(spec.stop_event, check_interval=min(spec.poll_interval, 0.25)),
+        bank=spec.bank,
+        report=_reporter(spec.topic, obj.name, obj.kind),
+        config=spec.config,
+        publish_every=spec.publish_every,
+        poll_interval=spec.poll_interval,
+        report_interval=spec.report_interval,
+    )
+    logger.info("%s %s starting on %s", obj.kind, obj.name, ctx.device)
+    return run_loop(obj, ctx)

@@ -1,0 +1,566 @@
+"""The :class:`Workbench`: a cluster, a knowledge bank, and trainers and makers as long-lived futures.
+
+Typical use::
+
+    with Workbench(run_dir="runs/demo") as wb:
+        bank = wb.create_bank([TableSpec("nodes", columns=(Column("embedding", shape=(32,)),))])
+        wb.submit_trainer(MyTrainer("trainer", max_steps=2000))
+        wb.submit_maker(MyMaker("maker"))
+        wb.wait(timeout=600)              # until the trainers end; raises if any loop failed
+        results = wb.stop(timeout=30)     # stop the makers, collect every loop's LoopResult
+
+Lifecycle: ``created -> running`` (:meth:`start`, or entering the ``with`` block) ``-> stopping``
+(:meth:`stop`) ``-> closed`` (:meth:`close`, or leaving the block). A loop that raises fails its
+future with the original traceback; the Workbench then moves to ``failed``, stops every other
+loop, and the next :meth:`wait`, :meth:`stop`, :meth:`results` or the end of the ``with`` block
+raises :class:`~carls_dask.errors.LoopFailedError` whose ``__cause__`` is the loop's exception.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import pathlib
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from carls_dask import config
+from carls_dask.runtime.channel import ModelChannel, unique_prefix
+from carls_dask.runtime.clusters import gpu_workers, start_cluster
+from carls_dask.runtime.context import LoopResult
+from carls_dask.runtime.lifecycle import Lifecycle, State
+from carls_dask.runtime.maker import KnowledgeMaker
+from carls_dask.runtime.progress import ProgressBook, ProgressSink
+from carls_dask.runtime.tasks import LoopSpec, run_loop_task
+from carls_dask.runtime.trainer import Trainer
+from storage.errors import CarlsError, ConfigError, DeadlineExceeded, LifecycleError, LoopFailedError
+
+__all__ = ["LoopHandle", "LoopStatus", "Workbench"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopStatus:
+    """A snapshot of one loop, as :meth:`Workbench.status` reports it.
+
+    Attributes
+    ----------
+    name, kind
+        The loop's name and ``"trainer"`` or ``"maker"``.
+    state
+        ``"running"``, ``"stopping"``, ``"closed"`` (ended normally) or ``"failed"``.
+    future
+        The Dask future's status (``"pending"``, ``"finished"``, ``"error"``, ``"cancelled"``).
+    progress
+        The loop's newest reported numbers (step, steps_per_s, version, staleness_s, ...).
+    error
+        ``repr`` of the loop's exception when it failed.
+    """
+
+    name: str
+    kind: str
+    state: str
+    future: str
+    progress: dict[str, float]
+    error: str | None = None
+
+
+class LoopHandle:
+    """The Workbench's record of one submitted loop."""
+
+    def __init__(self, name: str, kind: str, future: Any, obj: Trainer | KnowledgeMaker) -> None:
+        self.name = name
+        self.kind = kind
+        self.future = future
+        self.cls = f"{type(obj).__module__}.{type(obj).__qualname__}"
+        self.life = Lifecycle(f"{kind} {name!r}")
+        self.life.to(State.RUNNING)
+        self.error: BaseException | None = None
+        self.result: LoopResult | None = None
+
+    def __repr__(self) -> str:
+        return f"<LoopHandle {self.kind} {self.name!r} {self.life.state.value}>"
+
+
+class Workbench:
+    """Starts or connects to a Dask cluster and runs a bank, trainers and makers on it.
+
+    Parameters
+    ----------
+    cluster
+        ``None`` to follow ``carls.cluster.kind`` (a LocalCluster by default); a scheduler address
+        string; a running cluster object; or a :class:`distributed.Client`. Objects passed in are
+        not closed by the Workbench; clusters it starts are.
+    run_dir
+        Folder of the run: ``RUN/metrics.zarr`` (progress metrics) and ``RUN/run.json`` (what ran).
+        ``None`` writes nothing.
+    name
+        Name of the run (default: the run folder's name, else ``"run"``).
+    progress
+        Show a terminal progress bar; default ``carls.runtime.progress``.
+    stop_timeout
+        Seconds :meth:`stop` and :meth:`close` wait for loops; default ``carls.runtime.stop-timeout``.
+    cluster_options
+        Keyword arguments for the cluster the Workbench starts (e.g. ``n_workers`` or SLURMCluster's
+        ``cores``, ``memory``, ``queue``).
+    """
+
+    def __init__(self, cluster: Any = None, *, run_dir: str | pathlib.Path | None = None, name: str | None = None,
+                 progress: bool | None = None, stop_timeout: float | str | None = None,
+                 cluster_options: dict[str, Any] | None = None) -> None:
+        self._cluster_arg = cluster
+        self.run_dir = pathlib.Path(run_dir) if run_dir is not None else None
+        self.name = name or (self.run_dir.name if self.run_dir is not None else "run")
+        self.progress = bool(config.get("runtime.progress", progress))
+        self.stop_timeout = config.get_seconds("runtime.stop-timeout", stop_timeout)
+        self.poll_interval = config.get_seconds("runtime.poll-interval")
+        self.report_interval = config.get_seconds("runtime.report-interval")
+        self.start_timeout = config.get_seconds("cluster.start-timeout")
+        self.cluster_options = dict(cluster_options or {})
+        self._life = Lifecycle(f"Workbench {self.name!r}")
+        self.prefix = unique_prefix()
+        self.stop_event_name = f"{self.prefix}-stop"
+        self.topic = f"{self.prefix}-progress"
+        self.cluster: Any = None
+        self.client: Any = None
+        self.bank: Any = None
+        self._own_cluster = False
+        self._own_client = False
+        self._loops: dict[str, LoopHandle] = {}
+        self._channels: dict[str, ModelChannel] = {}
+        self._home_worker: str | None = None
+        self._placement = str(config.get("bank.placement"))
+        self._events: collections.deque[Any] = collections.deque()
+        self.book = ProgressBook()
+        self._sink: ProgressSink | None = None
+        self._monitor: threading.Thread | None = None
+        self._monitor_stop = threading.Event()
+        self._failure: tuple[str, BaseException] | None = None
+        self._failure_raised = False
+        self._stop_event: Any = None
+        self._started_at = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def state(self) -> State:
+        """The Workbench's lifecycle state."""
+        return self._life.state
+
+    def start(self) -> Workbench:
+        """Start or connect to the cluster, then start progress reporting. Returns ``self``."""
+        from distributed import Client, Event
+
+        self._life.require(State.CREATED, action="start")
+        try:
+            self._connect(Client)
+            self._stop_event = Event(self.stop_event_name, client=self.client)
+            self.client.subscribe_topic(self.topic, self._events.append)
+            metrics = None
+            if self.run_dir is not None:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                metrics = self.run_dir / "metrics.zarr"
+            self._sink = ProgressSink(self.book, show=self.progress, metrics_path=metrics, run=self.name)
+            self._monitor = threading.Thread(target=self._watch, name=f"carls-workbench-{self.name}", daemon=True)
+            self._monitor.start()
+        except BaseException:
+            self._life.to(State.FAILED)
+            self._teardown()
+            raise
+        self._started_at = time.time()
+        self._life.to(State.RUNNING)
+        logger.info("Workbench %s running on %s", self.name, self.client.scheduler.address)
+        return self
+
+    def _connect(self, client_cls: Any) -> None:
+        arg = self._cluster_arg
+        if arg is not None and isinstance(arg, client_cls):
+            self.client = arg
+            return
+        n_wait = 1
+        if arg is None:
+            self.cluster, address = start_cluster(**self.cluster_options)
+            self._own_cluster = self.cluster is not None
+            target: Any = self.cluster if self.cluster is not None else address
+            if self._own_cluster:
+                n_wait = max(1, len(getattr(self.cluster, "worker_spec", {})) or 1)
+        elif isinstance(arg, str):
+            target = arg
+        else:
+            self.cluster = target = arg
+        self.client = client_cls(target, timeout=self.start_timeout)
+        self._own_client = True
+        try:
+            self.client.wait_for_workers(n_wait, timeout=self.start_timeout)
+        except TimeoutError as exc:
+            raise DeadlineExceeded(f"Workbench {self.name!r}: no {n_wait} worker(s) joined the scheduler at "
+                                   f"{self.client.scheduler.address} within {self.start_timeout:g}s "
+                                   "(carls.cluster.start-timeout)") from exc
+
+    def __enter__(self) -> Workbench:
+        if self.state is State.CREATED:
+            self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        try:
+            self.close()
+        except CarlsError:
+            if exc_type is None:
+                raise
+            logger.exception("Workbench %s: error while closing after %s", self.name, exc_type.__name__)
+
+    # -- bank --------------------------------------------------------------------------------
+    def _workers(self) -> list[str]:
+        return sorted(self.client.scheduler_info(n_workers=-1).get("workers", {}))
+
+    def home_worker(self) -> str:
+        """The worker the first trainer runs on (and co-located bank shards live on)."""
+        if self._home_worker is None:
+            candidates = gpu_workers(self.client) or self._workers()
+            if not candidates:
+                raise LifecycleError(f"Workbench {self.name!r}: the cluster has no workers")
+            self._home_worker = candidates[0]
+        return self._home_worker
+
+    def create_bank(self, tables: Sequence[Any], *, n_shards: int | None = None, buckets: int | None = None,
+                    placement: str | None = None, name: str | None = None) -> Any:
+        """Create the run's :class:`~carls_dask.bank.KnowledgeBank` (one actor per shard).
+
+        Parameters
+        ----------
+        tables
+            The :class:`~carls_dask.bank.TableSpec` of each table.
+        n_shards, buckets
+            Default ``carls.bank.shards`` and ``carls.bank.buckets``.
+        placement
+            ``"spread"`` places shards round-robin over all workers; ``"colocate"`` puts every shard
+            on the first trainer's worker (the fast path for one trainer). Default
+            ``carls.bank.placement``.
+        """
+        from carls_dask.bank.client import KnowledgeBank
+
+        self._life.require(State.RUNNING, action="create a bank")
+        if self.bank is not None:
+            raise LifecycleError(f"Workbench {self.name!r}: a bank was already created; one bank per Workbench")
+        placement = str(config.get("bank.placement", placement))
+        if placement not in ("spread", "colocate"):
+            raise ConfigError(f"Workbench {self.name!r}: placement {placement!r}; expected 'spread' or 'colocate'")
+        self._placement = placement
+        workers = [self.home_worker()] if placement == "colocate" else None
+        self.bank = KnowledgeBank.create(self.client, tables, n_shards=n_shards, buckets=buckets, workers=workers,
+                                         name=name or f"{self.name}-bank")
+        return self.bank
+
+    # -- loops -------------------------------------------------------------------------------
+    def submit_trainer(self, trainer: Trainer, *, workers: Sequence[str] | None = None) -> LoopHandle:
+        """Run ``trainer`` as a long-lived future; returns its handle."""
+        if not isinstance(trainer, Trainer):
+            raise TypeError(f"submit_trainer: expected a Trainer, got {type(trainer).__name__}")
+        return self._submit(trainer, workers)
+
+    def submit_maker(self, maker: KnowledgeMaker, *, workers: Sequence[str] | None = None) -> LoopHandle:
+        """Run ``maker`` as a long-lived future reading ``maker.source``'s versions; returns its handle."""
+        if not isinstance(maker, KnowledgeMaker):
+            raise TypeError(f"submit_maker: expected a KnowledgeMaker, got {type(maker).__name__}")
+        return self._submit(maker, workers)
+
+    def _source_of(self, maker: KnowledgeMaker) -> str:
+        trainers = [h.name for h in self._loops.values() if h.kind == "trainer"]
+        if maker.source is not None:
+            return maker.source
+        if len(trainers) == 1:
+            return trainers[0]
+        raise ConfigError(f"maker {maker.name!r}: source=None needs exactly one submitted trainer, found "
+                          f"{trainers or 'none'}; submit the trainer first or pass source='<trainer name>'")
+
+    def _submit(self, obj: Trainer | KnowledgeMaker, workers: Sequence[str] | None) -> LoopHandle:
+        self._life.require(State.RUNNING, action=f"submit {obj.kind} {obj.name!r}")
+        if obj.name in self._loops:
+            raise ConfigError(f"Workbench {self.name!r}: a loop named {obj.name!r} was already submitted; "
+                              "loop names must be unique")
+        source = obj.name if isinstance(obj, Trainer) else self._source_of(obj)
+        channel = self._channels.get(source)
+        if channel is None:
+            channel = self._channels[source] = ModelChannel(source, prefix=self.prefix)
+            channel.open()
+        spec = LoopSpec(
+            obj=obj, channel=channel, stop_event=self.stop_event_name, topic=self.topic, bank=self.bank,
+            config=config.resolved(), publish_every=int(config.get("runtime.publish-every")),
+            poll_interval=self.poll_interval, report_interval=self.report_interval,
+        )
+        resources = {"GPU": 1} if gpu_workers(self.client) else None
+        first_trainer = isinstance(obj, Trainer) and not any(h.kind == "trainer" for h in self._loops.values())
+        if workers is None and first_trainer and self._placement == "colocate":
+            workers = [self.home_worker()]
+        future = self.client.submit(run_loop_task, spec, key=f"{obj.kind}-{obj.name}-{self.prefix}", pure=False,
+                                    resources=resources, workers=list(workers) if workers else None, retries=0)
+        handle = LoopHandle(obj.name, obj.kind, future, obj)
+        self._loops[obj.name] = handle
+        if self._sink is not None:
+            total = [getattr(h, "max_steps", None) for h in [obj] if isinstance(h, Trainer)]
+            if total and total[0] is not None:
+                self._sink.set_total(total[0])
+        logger.info("submitted %s %s (resources=%s)", obj.kind, obj.name, resources)
+        return handle
+
+    @property
+    def loops(self) -> dict[str, LoopHandle]:
+        """The submitted loops by name."""
+        return dict(self._loops)
+
+    # -- monitoring --------------------------------------------------------------------------
+    def _drain(self) -> None:
+        while self._events:
+            _, msg = self._events.popleft()
+            if isinstance(msg, dict):
+                self.book.update(msg)
+
+    def _check_loops(self) -> None:
+        for handle in list(self._loops.values()):
+            if handle.error is not None or handle.life.state in (State.CLOSED, State.FAILED):
+                continue
+            if handle.future.status == "error":
+                exc = handle.future.exception(timeout=self.start_timeout)
+                self._fail(handle, exc)
+
+    def _fail(self, handle: LoopHandle, exc: BaseException) -> None:
+        handle.error = exc
+        if handle.life.state is not State.FAILED:
+            handle.life.to(State.FAILED)
+        if self._failure is None:
+            self._failure = (handle.name, exc)
+            logger.error("%s %s failed: %r; stopping the other loops", handle.kind, handle.name, exc)
+            if self.state in (State.RUNNING, State.STOPPING):
+                self._life.to(State.FAILED)
+            self._request_stop()
+
+    def _request_stop(self) -> None:
+        if self._stop_event is not None:
+            try:
+                self._stop_event.set()
+            except Exception:
+                logger.warning("Workbench %s: could not set the stop event", self.name, exc_info=True)
+
+    def _watch(self) -> None:
+        interval = max(0.05, min(self.report_interval, 0.5))
+        while not self._monitor_stop.wait(interval):
+            try:
+                self._drain()
+                if self._sink is not None:
+                    self._sink.flush()
+                self._check_loops()
+            except Exception:
+                logger.warning("Workbench %s: progress monitor error", self.name, exc_info=True)
+
+    def status(self) -> dict[str, LoopStatus]:
+        """The state, future status and newest progress of every loop."""
+        self._drain()
+        out = {}
+        for name, h in self._loops.items():
+            fstatus = h.future.status if h.future is not None else "released"
+            state = h.life.state.value
+            if fstatus == "error" and h.life.state is not State.FAILED:
+                state = State.FAILED.value
+            elif fstatus == "finished" and h.life.state in (State.RUNNING, State.STOPPING):
+                state = State.CLOSED.value
+            out[name] = LoopStatus(name, h.kind, state, fstatus, dict(self.book.loops.get(name, {})),
+                                   repr(h.error) if h.error is not None else None)
+        return out
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None and not self._failure_raised:
+            name, exc = self._failure
+            self._failure_raised = True
+            kind = self._loops[name].kind
+            raise LoopFailedError(f"{kind} {name!r} failed with {type(exc).__name__}: {exc}; "
+                                  "the other loops were stopped") from exc
+
+    # -- waiting, stopping, results -------------------------------------------------------------
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until every trainer has ended (every loop, when no trainer runs).
+
+        Raises
+        ------
+        LoopFailedError
+            When a loop failed; the other loops are stopped first and ``__cause__`` is the
+            original exception with its traceback.
+        DeadlineExceeded
+            When ``timeout`` seconds passed first; the loops keep running.
+        """
+        self._life.require(State.RUNNING, State.FAILED, action="wait")
+        targets = [h for h in self._loops.values() if h.kind == "trainer"] or list(self._loops.values())
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._check_loops()
+            if self._failure is not None:
+                self._finish(self.stop_timeout, raise_failure=False)
+                self._raise_failure()
+            if all(h.future.done() for h in targets):
+                self._check_loops()
+                if self._failure is None:
+                    return
+                continue
+            if deadline is not None and time.monotonic() >= deadline:
+                left = [h.name for h in targets if not h.future.done()]
+                raise DeadlineExceeded(f"Workbench {self.name!r}: {left} still running after {timeout:g}s")
+            time.sleep(0.05)
+
+    def stop(self, timeout: float | str | None = None) -> dict[str, LoopResult]:
+        """Ask every loop to stop, wait up to ``timeout`` seconds, and return their results.
+
+        Raises
+        ------
+        DeadlineExceeded
+            When loops did not end in time; they are cancelled and marked failed.
+        LoopFailedError
+            When a loop failed (now or before); ``__cause__`` is its exception.
+        """
+        self._life.require(State.RUNNING, State.STOPPING, State.FAILED, action="stop")
+        seconds = config.get_seconds("runtime.stop-timeout", timeout)
+        return self._finish(seconds, raise_failure=True)
+
+    def _finish(self, seconds: float, *, raise_failure: bool) -> dict[str, LoopResult]:
+        from distributed import wait as dask_wait
+
+        if self.state is State.RUNNING:
+            self._life.to(State.STOPPING)
+        self._request_stop()
+        pending = [h for h in self._loops.values() if h.life.state is State.RUNNING]
+        for h in pending:
+            h.life.to(State.STOPPING)
+        futures = [h.future for h in self._loops.values() if h.future is not None]
+        if futures:
+            try:
+                dask_wait(futures, timeout=seconds)
+            except TimeoutError:
+                pass
+        late = []
+        for h in self._loops.values():
+            if h.life.state in (State.CLOSED, State.FAILED):
+                continue
+            if not h.future.done():
+                late.append(h.name)
+                h.future.cancel()
+                h.error = DeadlineExceeded(f"{h.kind} {h.name!r} did not stop within {seconds:g}s")
+                h.life.to(State.FAILED)
+            elif h.future.status == "error":
+                self._fail(h, h.future.exception(timeout=seconds))
+            elif h.future.status == "finished":
+                h.result = h.future.result(timeout=seconds)
+                h.life.to(State.CLOSED)
+            else:  # cancelled
+                h.error = LifecycleError(f"{h.kind} {h.name!r} was cancelled")
+                h.life.to(State.FAILED)
+        self._drain()
+        if late:
+            raise DeadlineExceeded(f"Workbench {self.name!r}: {late} did not stop within {seconds:g}s "
+                                   "(carls.runtime.stop-timeout); they were cancelled")
+        if raise_failure:
+            self._raise_failure()
+        return {name: h.result for name, h in self._loops.items() if h.result is not None}
+
+    def results(self) -> dict[str, LoopResult]:
+        """The results of the loops that have ended, by name.
+
+        Raises
+        ------
+        LoopFailedError
+            If a loop failed (once; later calls return the results of the others).
+        """
+        self._check_loops()
+        for h in self._loops.values():
+            if h.result is None and h.future is not None and h.future.status == "finished":
+                h.result = h.future.result()
+                if h.life.state in (State.RUNNING, State.STOPPING):
+                    h.life.to(State.CLOSED)
+        self._raise_failure()
+        return {name: h.result for name, h in self._loops.items() if h.result is not None}
+
+    # -- closing ------------------------------------------------------------------------------
+    def close(self, timeout: float | str | None = None) -> None:
+        """Stop every loop (bounded by ``timeout``), then release the bank, client and cluster.
+
+        Safe to call more than once. Raises what :meth:`stop` raises, after everything was released.
+        """
+        if self.state is State.CLOSED:
+            return
+        error: BaseException | None = None
+        if self.state in (State.RUNNING, State.STOPPING, State.FAILED) and self.client is not None:
+            try:
+                self._finish(config.get_seconds("runtime.stop-timeout", timeout), raise_failure=True)
+            except CarlsError as exc:
+                error = exc
+        self._write_run_record()
+        self._teardown()
+        self._life.to(State.CLOSED)
+        if error is not None:
+            raise error
+
+    def _write_run_record(self) -> None:
+        if self.run_dir is None:
+            return
+        record = {
+            "name": self.name,
+            "started": self._started_at,
+            "ended": time.time(),
+            "state": "failed" if self._failure is not None else "closed",
+            "loops": {n: {"kind": h.kind, "class": h.cls, "state": h.life.state.value,
+                          "steps": h.result.steps if h.result is not None else None,
+                          "error": repr(h.error) if h.error is not None else None}
+                      for n, h in self._loops.items()},
+            "config": config.resolved(),
+        }
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "run.json").write_text(json.dumps(record, indent=2, default=str))
+        except OSError:
+            logger.warning("Workbench %s: could not write run.json", self.name, exc_info=True)
+
+    def _teardown(self) -> None:
+        self._monitor_stop.set()
+        if self._monitor is not None:
+            self._monitor.join(timeout=10)
+            self._monitor = None
+        self._drain()
+        if self._sink is not None:
+            try:
+                self._sink.close()
+            except Exception:
+                logger.warning("Workbench %s: could not close the progress sink", self.name, exc_info=True)
+            self._sink = None
+        if self.bank is not None:
+            try:
+                self.bank.close()
+            except Exception:
+                logger.warning("Workbench %s: could not close the bank", self.name, exc_info=True)
+        if self.client is not None:
+            for channel in self._channels.values():
+                channel.delete()
+            try:
+                self.client.unsubscribe_topic(self.topic)
+            except Exception:
+                logger.debug("unsubscribe failed", exc_info=True)
+        for h in self._loops.values():
+            h.future = _Released(h.future)
+        if self._own_client and self.client is not None:
+            self.client.close(timeout=self.stop_timeout)
+        if self._own_cluster and self.cluster is not None:
+            self.cluster.close(timeout=self.stop_timeout)
+
+
+class _Released:
+    """Stands in for a loop's future after the Workbench closed (keeps its final status)."""
+
+    def __init__(self, future: Any) -> None:
+        self.status = getattr(future, "status", "released")
+
+    def done(self) -> bool:
+        return True
+
+    def cancel(self) -> None:
+        return None
