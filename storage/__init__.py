@@ -8,6 +8,7 @@ from __future__ import annotations
 from storage.bankview import open_bank, read_bank
 from storage.deltalog import DeltaLog, DeltaRecord, replay, tail_seq
 from storage.errors import CarlsError
+from storage.metrics import MetricWriter, open_metrics
 from storage.snapshots import (
     SnapshotHandle,
     begin_snapshot,
@@ -23,11 +24,13 @@ __all__ = [
     "CarlsError",
     "DeltaLog",
     "DeltaRecord",
+    "MetricWriter",
     "SnapshotHandle",
     "begin_snapshot",
     "commit_snapshot",
     "list_snapshots",
     "open_bank",
+    "open_metrics",
     "prune_snapshots",
     "read_bank",
     "read_manifest",
