@@ -11,8 +11,9 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from carls_dask import __version__, dashboard_cli
+from carls_dask import __version__, bank_cli, dashboard_cli
 from carls_dask.errors import CarlsError
+from carls_dask.runtime import runcli
 
 __all__ = ["build_parser", "main"]
 
@@ -66,11 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run a small end-to-end demo on a LocalCluster")
     p.set_defaults(handler=_cmd_demo)
 
-    p = sub.add_parser("bank", help="inspect, snapshot or restore a knowledge bank store")
-    p.set_defaults(handler=_not_yet("bank"))
+    p = sub.add_parser("bank", help="inspect, list, prune or restore a knowledge bank store")
+    bank_cli.add_arguments(p)
+    p.set_defaults(handler=bank_cli.run)
 
     p = sub.add_parser("run", help="run a learning paradigm and write a run folder")
-    p.set_defaults(handler=_not_yet("run"))
+    runcli.add_arguments(p)
+    p.set_defaults(handler=runcli.run)
 
     p = sub.add_parser("dashboard", help="serve the Panel dashboard of a run folder")
     dashboard_cli.add_arguments(p)

@@ -59,10 +59,26 @@ class ProgressBook:
         return int(max(steps, default=0.0))
 
     def row(self) -> dict[str, float]:
-        """All newest values, flattened to ``"<loop>.<name>"``."""
+        """All newest values, flattened to ``"<loop>.<name>"``.
+
+        The first trainer's ``steps_per_s`` and ``loss`` also appear as ``steps_per_s`` and
+        ``train_loss``, and the first maker's ``version`` and ``staleness_s`` as ``maker_version``
+        and ``maker_staleness_s``: the names the dashboards look for.
+        """
         with self._lock:
-            return {f"{loop}.{key}": value for loop, values in self.loops.items()
-                    for key, value in values.items() if key != "time"}
+            out = {f"{loop}.{key}": value for loop, values in self.loops.items()
+                   for key, value in values.items() if key != "time"}
+            trainers = [n for n in self.loops if self.kinds.get(n) == "trainer"]
+            makers = [n for n in self.loops if self.kinds.get(n) == "maker"]
+            aliases = []
+            if trainers:
+                aliases += [(trainers[0], "steps_per_s", "steps_per_s"), (trainers[0], "loss", "train_loss")]
+            if makers:
+                aliases += [(makers[0], "version", "maker_version"), (makers[0], "staleness_s", "maker_staleness_s")]
+            for loop, key, alias in aliases:
+                if key in self.loops[loop]:
+                    out[alias] = self.loops[loop][key]
+            return out
 
     def summary(self) -> str:
         """A one-line summary: steps/s of trainers, versions and staleness of makers."""
