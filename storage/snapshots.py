@@ -377,6 +377,8 @@ def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: 
                 chunks=(max(1, min(rows, a.shape[0])), *a.shape[1:]),
                 compressors=compressors,
                 fill_value=0,
+                # every chunk is written, even all-zero ones, so a missing chunk file means damage
+                config={"write_empty_chunks": True},
             )
             if a.size:
                 z[...] = a

@@ -231,3 +231,11 @@ def test_killed_mid_snapshot_leaves_previous_complete(tmp_path: pathlib.Path) ->
     prune_snapshots(root, keep=1)
     assert [p.name for p in (root / "snapshots").iterdir()] == [f"v{nxt['version']:06d}"]
     assert os.listdir(root / "snapshots" / f"v{nxt['version']:06d}").count("snapshot.json") == 1
+
+
+def test_all_zero_arrays_are_stored_and_read(tmp_path: pathlib.Path) -> None:
+    st = make_states(300, n_shards=1, seed=8)[0]
+    for name in ("frequency", "col/logits", "slot/embedding/accum"):
+        st["tables"]["nodes"][name] = np.zeros_like(st["tables"]["nodes"][name])
+    snapshot(tmp_path, [st], chunk_rows=100)
+    assert_same(sort_by_key(read_snapshot(tmp_path)["nodes"]), merged([st]))
