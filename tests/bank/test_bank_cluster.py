@@ -104,7 +104,7 @@ def test_bad_batches_reach_no_shard(bank: KnowledgeBank) -> None:
     before = bank_state(bank)
     emb = np.zeros((300, 8), np.float32)
     emb[-1, 3] = np.nan
-    with pytest.raises(InvalidBatchError, match="'nodes'.*NaN"):
+    with pytest.raises(InvalidBatchError, match=r"'nodes'.*NaN"):
         bank.update("nodes", keys, {"embedding": emb})
     with pytest.raises(InvalidShapeError, match=r"'nodes'.*\(300, 9\)"):
         bank.apply_gradients("nodes", keys, np.ones((300, 9)))

@@ -92,9 +92,9 @@ def test_unique_uniform_over_all_keys_returns_every_key() -> None:
 
 
 def test_sampler_errors_name_the_table() -> None:
-    with pytest.raises(InvalidBatchError, match="'items'.*only 3 keys"):
+    with pytest.raises(InvalidBatchError, match=r"'items'.*only 3 keys"):
         sample_candidates("items", np.arange(3), 4, unique=True)
-    with pytest.raises(InvalidBatchError, match="'items'.*empty"):
+    with pytest.raises(InvalidBatchError, match=r"'items'.*empty"):
         sample_candidates("items", np.arange(0), 1, unique=False)
     with pytest.raises(InvalidBatchError, match="positive"):
         sample_candidates("items", np.arange(3), 0)
