@@ -7,10 +7,12 @@ loads its rows back from a snapshot plus the delta log on restore. All semantics
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -21,6 +23,19 @@ from carls_dask.bank.schema import TableSpec
 __all__ = ["MAKERS_TABLE", "BankShard"]
 
 logger = logging.getLogger(__name__)
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _locked(method: _F) -> _F:
+    """Run the method under the shard's lock (actor calls and co-located direct calls may overlap)."""
+
+    @functools.wraps(method)
+    def wrapper(self: BankShard, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 #: Pseudo-table of the delta log that records maker names as they are registered (code -> UTF-8 bytes).
 MAKERS_TABLE = "__makers__"
@@ -80,6 +95,7 @@ class BankShard:
             owned_buckets=owned_buckets,
             initial_capacity=initial_capacity,
         )
+        self._lock = threading.RLock()
         self.log_root = log_root
         self.step = 0
         self._log: Any = None
@@ -114,12 +130,14 @@ class BankShard:
 
         self._log.append(self.step, table, "delete", {"keys": k, "bucket": bucket_of(k, self.core.buckets)})
 
+    @_locked
     def set_step(self, step: int) -> int:
         """Set the step recorded with delta-log records (and snapshots); returns it."""
         self.step = int(step)
         return self.step
 
     # -- operations ---------------------------------------------------------------------------------
+    @_locked
     def lookup(
         self,
         table: str,
@@ -136,6 +154,7 @@ class BankShard:
             del before
         return res
 
+    @_locked
     def update(
         self, table: str, keys: np.ndarray, values: Mapping[str, np.ndarray], model_step: int = 0, maker: str = ""
     ) -> int:
@@ -144,6 +163,7 @@ class BankShard:
         self._log_upsert(table, written)
         return int(written.size)
 
+    @_locked
     def apply_gradients(
         self,
         table: str,
@@ -158,38 +178,46 @@ class BankShard:
             self._log_upsert(table, np.asarray(keys, dtype=np.int64)[found])
         return found
 
+    @_locked
     def delete(self, table: str, keys: np.ndarray) -> np.ndarray:
         """See :meth:`ShardCore.delete`."""
         present = self.core.delete(table, keys)
         self._log_delete(table, np.asarray(keys, dtype=np.int64)[present])
         return present
 
+    @_locked
     def contains(self, table: str, keys: np.ndarray) -> np.ndarray:
         """See :meth:`ShardCore.contains`."""
         return self.core.contains(table, keys)
 
+    @_locked
     def size(self, table: str | None = None) -> int:
         """See :meth:`ShardCore.size`."""
         return self.core.size(table)
 
+    @_locked
     def keys(self, table: str) -> np.ndarray:
         """See :meth:`ShardCore.keys`."""
         return self.core.keys(table)
 
+    @_locked
     def keys_and_frequency(self, table: str) -> tuple[np.ndarray, np.ndarray]:
         """See :meth:`ShardCore.keys_and_frequency`."""
         return self.core.keys_and_frequency(table)
 
+    @_locked
     def sample_negatives(self, table: str, n: int, **kwargs: Any) -> NegativeSample:
         """See :meth:`ShardCore.sample_negatives` (this shard's keys only)."""
         return self.core.sample_negatives(table, n, **kwargs)
 
+    @_locked
     def top_k(
         self, table: str, query: np.ndarray, k: int, column: str = "embedding", metric: str = "dot"
     ) -> tuple[np.ndarray, np.ndarray]:
         """See :meth:`ShardCore.top_k`."""
         return self.core.top_k(table, query, k, column=column, metric=metric)
 
+    @_locked
     def stats(self) -> dict[str, Any]:
         """See :meth:`ShardCore.stats`, plus the worker-side wall time."""
         out = self.core.stats()
@@ -201,11 +229,13 @@ class BankShard:
         """Cheap liveness check; returns the shard id."""
         return self.core.shard
 
+    @_locked
     def export_state(self) -> dict[str, Any]:
         """See :meth:`ShardCore.export_state`."""
         return self.core.export_state()
 
     # -- persistence --------------------------------------------------------------------------------
+    @_locked
     def snapshot(self, handle: Any) -> dict[str, Any]:
         """Write this shard's state into the begun snapshot ``handle`` (whole Zarr chunks)."""
         from storage.snapshots import write_shard
@@ -217,6 +247,7 @@ class BankShard:
             self._log.roll()
         return info
 
+    @_locked
     def restore(self, root: str, version: int | None, replay_log: bool = True) -> dict[str, int]:
         """Load the rows of this shard's buckets from snapshot ``version`` and replay the delta log.
 
@@ -281,6 +312,7 @@ class BankShard:
             return [""]
         return [names.get(i, "") for i in range(max(names) + 1)]
 
+    @_locked
     def close(self) -> None:
         """Release the delta log's writer lock."""
         if self._log is not None:

@@ -21,7 +21,7 @@ from carls_dask.bank.actor import BankShard
 from carls_dask.bank.core import LookupResult
 from carls_dask.bank.hashing import bucket_of, to_int64_keys
 from carls_dask.bank.sampling import NegativeSample, order_by_frequency, sample_candidates
-from carls_dask.bank.schema import TableSpec, check_finite, coerce_column_values, unknown_table
+from carls_dask.bank.schema import TableSpec, coerce_column_values, unknown_table
 from storage.errors import (
     DeadlineExceeded,
     InvalidBatchError,
@@ -235,12 +235,41 @@ class KnowledgeBank:
         parts = np.split(order, np.cumsum(counts)[:-1])
         return [(s, idx) for s, idx in enumerate(parts) if idx.size]
 
+    def _local_shard(self, s: int) -> Any:
+        """The shard object itself when it lives in this process (a task on its worker), else None."""
+        try:
+            from distributed import get_worker
+
+            worker = get_worker()
+        except (ImportError, ValueError):
+            return None
+        handle = self._shards[s]
+        if getattr(handle, "_address", None) != worker.address:
+            return None
+        return worker.state.actors.get(handle.key)
+
     def _call(self, calls: Sequence[tuple[int, str, tuple[Any, ...], dict[str, Any]]]) -> list[Any]:
-        """Issue every call, then wait for all of them (each within the call timeout)."""
+        """Issue every call, then wait for all of them (each within the call timeout).
+
+        Shards living in the caller's process (a task co-located with its shard) are called directly,
+        after the remote calls have been issued.
+        """
         self._check_open()
-        pending = [(s, getattr(self._shards[s], method)(*args, **kwargs)) for s, method, args, kwargs in calls]
+        local = {s: self._local_shard(s) for s in {c[0] for c in calls}}
+        pending = [
+            (s, None if local[s] is not None else getattr(self._shards[s], method)(*args, **kwargs))
+            for s, method, args, kwargs in calls
+        ]
+        direct = {
+            i: getattr(local[s], method)(*args, **kwargs)
+            for i, (s, method, args, kwargs) in enumerate(calls)
+            if local[s] is not None
+        }
         out = []
-        for s, fut in pending:
+        for i, (s, fut) in enumerate(pending):
+            if fut is None:
+                out.append(direct[i])
+                continue
             try:
                 out.append(fut.result(timeout=self.timeout))
             except TimeoutError as exc:
@@ -364,7 +393,6 @@ class KnowledgeBank:
                     f"table {table!r}, column {c!r}: gradients need a float column, but it is {col.dtype}"
                 )
             checked[c] = coerce_column_values(table, col, v, k.shape[0], what="gradients", dtype=np.dtype(np.float32))
-            check_finite(table, c, "gradients", checked[c])
         if learning_rate is not None and not (float(learning_rate) > 0 and np.isfinite(float(learning_rate))):
             raise InvalidBatchError(f"table {table!r}: learning_rate must be a finite number > 0, got {learning_rate!r}")
         routes = self._route(k)

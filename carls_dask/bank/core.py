@@ -502,29 +502,40 @@ class ShardCore:
                     f"table {table!r}, column {name!r}: gradients need a float column, but it is {col.dtype}"
                 )
             checked[name] = coerce_column_values(table, col, g, n, what="gradients", dtype=np.dtype(np.float32))
-            check_finite(table, name, "gradients", checked[name])
         rows = t.index.find(k, t.keys)
         found = rows >= 0
         if not found.any():
             return found
-        fk = k[found]
-        uniq, inverse = np.unique(fk, return_inverse=True)
-        urows = t.index.find(uniq, t.keys)
-        order = np.argsort(inverse, kind="stable")
-        starts = np.flatnonzero(np.r_[True, np.diff(inverse[order]) != 0])
+        all_found = bool(found.all())
+        fk = k if all_found else k[found]
+        order = np.argsort(fk, kind="stable")
+        sk = fk[order]
+        first = np.empty(sk.shape[0], dtype=bool)
+        first[0] = True
+        np.not_equal(sk[1:], sk[:-1], out=first[1:])
+        frows = rows if all_found else rows[found]
+        urows = frows[order[first]]
+        dupes = not bool(first.all())
+        if dupes:
+            group = np.cumsum(first) - 1
+            rank = np.arange(sk.shape[0]) - np.flatnonzero(first)[group]
         now = self.clock()
         results: list[tuple[str, np.ndarray, dict[str, np.ndarray]]] = []
         for name, g in checked.items():
-            gf = g[found]
-            summed = gf[order] if uniq.shape[0] == fk.shape[0] else np.add.reduceat(gf[order], starts, axis=0)
+            gf = g if all_found else g[found]
+            summed = np.take(gf, order[first], axis=0)
+            if dupes:  # add the 2nd, 3rd, ... occurrence of each key; each level has distinct targets
+                for level in range(1, int(rank.max()) + 1):
+                    sel = rank == level
+                    summed[group[sel]] += np.take(gf, order[sel], axis=0)
             if name in t.slots:
-                cur = {s: a[urows] for s, a in t.slots[name].items()}
+                cur = {s: np.take(a, urows, axis=0) for s, a in t.slots[name].items()}
             else:
                 col = spec.column(name)
-                cur = initial_slots(spec.optimizer, (uniq.shape[0], *col.shape), spec.adagrad_initial_accumulator)
+                cur = initial_slots(spec.optimizer, (urows.shape[0], *col.shape), spec.adagrad_initial_accumulator)
             new_w, new_slots = apply_optimizer(
                 str(spec.optimizer),
-                t.cols[name][urows],
+                np.take(t.cols[name], urows, axis=0),
                 summed,
                 cur,
                 learning_rate=float(lr),

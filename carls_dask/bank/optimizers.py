@@ -63,7 +63,10 @@ def apply_optimizer(
         return (w - lr * g).astype(weights.dtype, copy=False), {}
     if optimizer == "adagrad":
         acc = slots["accumulator"] + g * g
-        return (w - lr * g / np.sqrt(acc)).astype(weights.dtype, copy=False), {"accumulator": acc}
+        step_ = np.sqrt(acc)
+        np.divide(g, step_, out=step_)
+        step_ *= lr
+        return (w - step_).astype(weights.dtype, copy=False), {"accumulator": acc}
     if optimizer == "adam":
         b1, b2 = np.float32(betas[0]), np.float32(betas[1])
         m = b1 * slots["m"] + (np.float32(1) - b1) * g

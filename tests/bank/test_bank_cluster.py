@@ -200,3 +200,23 @@ def test_snapshot_and_delta_log_restore_onto_another_shard_count(client: Any, tm
         assert_same_state(at_v1, bank_state(one))
     finally:
         one.close()
+
+
+def test_a_task_on_the_shards_worker_calls_it_directly(client: Any) -> None:
+    worker = sorted(client.scheduler_info(n_workers=-1)["workers"])[0]
+    bank = KnowledgeBank.create(client, [items()], n_shards=1, workers=[worker])
+    try:
+        bank.lookup("items", np.arange(50), insert=True)
+
+        def colocated(b: KnowledgeBank) -> tuple[bool, np.ndarray]:
+            direct = b._local_shard(0) is not None
+            b.apply_gradients("items", np.arange(10), np.ones((10, 4), np.float32))
+            return direct, b.lookup("items", np.arange(50)).version
+
+        direct, version = client.submit(colocated, bank, workers=[worker], pure=False).result(timeout=60)
+        assert direct
+        assert version.tolist() == [2] * 10 + [1] * 40
+        assert bank._local_shard(0) is None  # this process holds no shard
+        assert bank.lookup("items", np.arange(10)).version.tolist() == [2] * 10
+    finally:
+        bank.close()

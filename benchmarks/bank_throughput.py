@@ -1,0 +1,222 @@
+"""Knowledge-bank throughput against its baselines, measured side by side in one run.
+
+For batches of 4096 and 65,536 fresh random keys at d=64 it measures rows/s of:
+
+- ``bank``: ``KnowledgeBank.lookup`` from this process to 2 remote shard actors (one per worker);
+- ``bare actor``: a Dask actor that returns a preallocated array of the same bytes (transport floor);
+- ``co-located``: ``KnowledgeBank.lookup`` from a task running on the worker that holds the shard;
+- ``local gather``: ``np.take`` of random rows from an in-memory array, in that same task;
+- ``redis``: ``MGET`` of packed float32 rows from a ``redis-server`` started here on 127.0.0.1
+  (pre-encoded keys, one round trip per batch, hiredis parser when installed);
+- ``apply_gradients`` (Adagrad) through the bank;
+
+and the bank's bytes per key against the payload. It prints a table and the ratios against the
+targets. Run: ``python benchmarks/bank_throughput.py [--rows N] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+D = 64
+BATCHES = (4096, 65536)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rate(fn: Callable[[np.ndarray], Any], keys_for: Callable[[int], np.ndarray], batch: int, reps: int) -> float:
+    """Median rows/s of ``fn`` over ``reps`` calls, each on fresh random keys (after one warm-up)."""
+    fn(keys_for(batch))
+    times = []
+    for _ in range(reps):
+        k = keys_for(batch)
+        t0 = time.perf_counter()
+        fn(k)
+        times.append(time.perf_counter() - t0)
+    return batch / statistics.median(times)
+
+
+class Bare:
+    """The transport floor: returns a preallocated array of the bank's answer size."""
+
+    def __init__(self, rows: int) -> None:
+        self.out = {b: np.ones((b, D), np.float32) for b in BATCHES if b <= rows}
+
+    def get(self, keys: np.ndarray) -> np.ndarray:
+        return self.out[keys.shape[0]]
+
+
+def colocated(bank: Any, n_rows: int, reps: dict[int, int], seed: int) -> dict[str, dict[int, float]]:
+    """Runs on the shard's worker: the bank through its direct path, and a local numpy gather."""
+    rng = np.random.default_rng(seed)
+    keys = bank.keys("bench")
+    assert bank._local_shard(0) is not None, "the co-located path was not taken"
+    table = rng.normal(size=(n_rows, D)).astype(np.float32)
+    out: dict[str, dict[int, float]] = {"co-located": {}, "local gather": {}}
+    for b, r in reps.items():
+        out["co-located"][b] = rate(lambda k: bank.lookup("bench", k), lambda n: rng.choice(keys, n), b, r)
+        out["local gather"][b] = rate(
+            lambda k: np.take(table, k, axis=0), lambda n: rng.integers(0, n_rows, n), b, r
+        )
+    return out
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[Any]:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("redis-server is not installed (Debian package redis-server, see system-packages.txt)")
+    import redis
+
+    port = free_port()
+    with tempfile.TemporaryDirectory() as d:
+        proc = subprocess.Popen(
+            [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", d],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            r = redis.Redis(host="127.0.0.1", port=port)
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    r.ping()
+                    break
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            yield r
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=400_000, help="rows in the lookup table (default 400k)")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    args = ap.parse_args()
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    from carls_dask.bank import Column, KnowledgeBank, TableSpec
+
+    n_rows = args.rows
+    reps = {4096: 10 if args.quick else 30, 65536: 3 if args.quick else 8}
+    rng = np.random.default_rng(0)
+    keys = rng.choice(2**62, size=n_rows, replace=False).astype(np.int64)
+    keys_for = lambda n: rng.choice(keys, n)  # noqa: E731
+    results: dict[str, dict[int, float]] = {}
+
+    lookup_table = TableSpec("bench", columns=(Column("embedding", shape=(D,)),), optimizer=None,
+                             initializer="normal", init_scale=0.1)
+    grad_rows = min(n_rows, 200_000)
+    grad_table = TableSpec("grad", columns=(Column("embedding", shape=(D,)),), optimizer="adagrad",
+                           learning_rate=0.05, initializer="normal", init_scale=0.1)
+    with dask.config.set({"distributed.worker.memory.target": False, "distributed.worker.memory.spill": False}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=":0",
+                         memory_limit=0) as cluster, Client(cluster, direct_to_workers=True) as client:
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        t0 = time.perf_counter()
+        bank = KnowledgeBank.create(client, [lookup_table, grad_table], n_shards=2, workers=workers,
+                                    initial_capacity=n_rows // 2 + 4096)
+        for i in range(0, n_rows, 65536):
+            bank.lookup("bench", keys[i:i + 65536], insert=True)
+        for i in range(0, grad_rows, 65536):
+            bank.lookup("grad", keys[i:i + min(65536, grad_rows - i)], insert=True)
+        print(f"loaded {n_rows:,} + {grad_rows:,} rows into 2 shards in {time.perf_counter() - t0:.1f} s")
+
+        results["bank (2 remote shards)"] = {b: rate(lambda k: bank.lookup("bench", k), keys_for, b, r)
+                                              for b, r in reps.items()}
+        bare = client.submit(Bare, n_rows, actor=True, workers=[workers[1]]).result()
+        results["bare actor (floor)"] = {b: rate(lambda k: bare.get(k).result(), keys_for, b, r)
+                                          for b, r in reps.items()}
+        gkeys = keys[:grad_rows]
+        results["apply_gradients (adagrad)"] = {
+            b: rate(lambda k: bank.apply_gradients("grad", k, np.full((k.shape[0], D), 0.01, np.float32)),
+                    lambda n: rng.choice(gkeys, n), b, r)
+            for b, r in reps.items()
+        }
+        stats = bank.stats()
+        bank.close()
+
+        local = KnowledgeBank.create(client, [lookup_table], n_shards=1, workers=[workers[0]],
+                                     initial_capacity=n_rows + 4096)
+        for i in range(0, n_rows, 65536):
+            local.lookup("bench", keys[i:i + 65536], insert=True)
+        co = client.submit(colocated, local, n_rows, reps, 1, workers=[workers[0]], pure=False).result()
+        results.update(co)
+        local.close()
+
+    with redis_server() as r:
+        packed = rng.normal(size=(n_rows, D)).astype(np.float32)
+        enc = np.array([b"k%d" % k for k in keys.tolist()], dtype=object)
+        pipe = r.pipeline(transaction=False)
+        for i in range(0, n_rows, 20000):
+            pipe.mset({enc[j]: packed[j].tobytes() for j in range(i, min(n_rows, i + 20000))})
+            pipe.execute()
+        idx_for = lambda n: rng.integers(0, n_rows, n)  # noqa: E731
+
+        def mget(idx: np.ndarray) -> np.ndarray:
+            vals = r.mget(enc[idx].tolist())
+            return np.frombuffer(b"".join(vals), dtype=np.float32).reshape(-1, D)
+
+        assert np.array_equal(mget(np.arange(3)), packed[:3])
+        results["redis MGET"] = {b: rate(mget, idx_for, b, rr) for b, rr in reps.items()}
+        try:
+            import hiredis  # noqa: F401
+
+            parser = "hiredis"
+        except ImportError:
+            parser = "pure-Python parser"
+
+    print()
+    print(f"rows/s at d={D}, fresh random keys, {n_rows:,}-row table (median of {reps} calls)")
+    print(f"{'path':30s}" + "".join(f"{f'batch {b:,}':>16s}" for b in BATCHES))
+    for name, per in results.items():
+        print(f"{name:30s}" + "".join(f"{per[b] / 1e6:13.3f} M/s" for b in BATCHES))
+    print(f"(redis-py with the {parser})")
+
+    print()
+    print("ratios against the targets")
+    checks = []
+    for b in BATCHES:
+        checks += [
+            (f"bank / bare actor, batch {b}", results["bank (2 remote shards)"][b] / results["bare actor (floor)"][b], 0.5),
+            (f"co-located / local gather, batch {b}", results["co-located"][b] / results["local gather"][b], 0.5),
+            (f"bank / redis, batch {b}", results["bank (2 remote shards)"][b] / results["redis MGET"][b],
+             3.0 if b == 4096 else 5.0),
+        ]
+    for name, got, target in checks:
+        print(f"  {name:42s} {got:7.2f}x   target >= {target:.1f}x   {'ok' if got >= target else 'BELOW'}")
+
+    payload = D * 4
+    for t, slots in (("bench", 0), ("grad", 1)):
+        tot = stats["tables"][t]
+        used = tot["bytes_used"] / tot["rows"]
+        alloc = tot["bytes_allocated"] / tot["rows"]
+        pay = payload * (1 + slots)
+        what = "embedding" + (" + adagrad slot" if slots else "")
+        print(f"  bytes per key, table {t!r} ({what}: {pay} B payload): used {used:.0f} B = {used / pay:.2f}x, "
+              f"allocated {alloc:.0f} B = {alloc / pay:.2f}x   target <= 1.3x   "
+              f"{'ok' if alloc / pay <= 1.3 else ('ok (used)' if used / pay <= 1.3 else 'BELOW')}")
+
+
+if __name__ == "__main__":
+    main()
