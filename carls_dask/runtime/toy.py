@@ -83,12 +83,16 @@ class DigitsTrainer(Trainer):
         Images used for training; the rest measure test accuracy.
     seed
         Seed of the model initialisation and batch order.
+    threads
+        Torch intra-op threads of the worker process (one suits this tiny model best);
+        ``None`` leaves torch's setting alone.
     """
 
     def __init__(self, name: str = "trainer", *, max_steps: int | None = 300, publish_every: int | None = 25,
                  batch_size: int = 128, lr: float = 0.01, distill: float = 0.1, n_train: int = 1400,
-                 seed: int = 0) -> None:
+                 seed: int = 0, threads: int | None = 1) -> None:
         super().__init__(name, max_steps=max_steps, publish_every=publish_every)
+        self.threads = threads
         self.batch_size = batch_size
         self.lr = lr
         self.distill = distill
@@ -99,6 +103,8 @@ class DigitsTrainer(Trainer):
         import torch
 
         torch.manual_seed(self.seed)
+        if self.threads:
+            torch.set_num_threads(self.threads)
         x, y = load_digits_arrays()
         self.device = torch.device(ctx.device)
         self.x = torch.from_numpy(x).to(self.device)
@@ -160,16 +166,21 @@ class DigitsMaker(KnowledgeMaker):
         See :class:`~carls_dask.runtime.maker.KnowledgeMaker`.
     n_train
         Images the trainer trains on; the rest measure the accuracy reported per round.
+    threads
+        Torch intra-op threads of the worker process; ``None`` leaves torch's setting alone.
     """
 
     def __init__(self, name: str = "maker", *, source: str | None = None, max_rounds: int | None = None,
-                 final_pass: bool = True, n_train: int = 1400) -> None:
+                 final_pass: bool = True, n_train: int = 1400, threads: int | None = 1) -> None:
         super().__init__(name, source=source, max_rounds=max_rounds, final_pass=final_pass)
+        self.threads = threads
         self.n_train = n_train
 
     def setup(self, ctx: LoopContext) -> None:
         import torch
 
+        if self.threads:
+            torch.set_num_threads(self.threads)
         x, y = load_digits_arrays()
         self.device = torch.device(ctx.device)
         self.x = torch.from_numpy(x).to(self.device)

@@ -433,12 +433,14 @@ class Workbench:
         pending = [h for h in self._loops.values() if h.life.state is State.RUNNING]
         for h in pending:
             h.life.to(State.STOPPING)
-        futures = [h.future for h in self._loops.values() if h.future is not None]
+        futures = [h.future for h in self._loops.values() if h.life.state is State.STOPPING]
         if futures:
             try:
                 dask_wait(futures, timeout=seconds)
             except TimeoutError:
                 pass
+            except Exception:  # a cancelled future: handled per loop below
+                logger.debug("waiting for loops", exc_info=True)
         late = []
         for h in self._loops.values():
             if h.life.state in (State.CLOSED, State.FAILED):
@@ -489,17 +491,15 @@ class Workbench:
         """
         if self.state is State.CLOSED:
             return
-        error: BaseException | None = None
-        if self.state in (State.RUNNING, State.STOPPING, State.FAILED) and self.client is not None:
-            try:
+        try:
+            if self.state in (State.RUNNING, State.STOPPING, State.FAILED) and self.client is not None:
                 self._finish(config.get_seconds("runtime.stop-timeout", timeout), raise_failure=True)
-            except CarlsError as exc:
-                error = exc
-        self._write_run_record()
-        self._teardown()
-        self._life.to(State.CLOSED)
-        if error is not None:
-            raise error
+        finally:
+            try:
+                self._write_run_record()
+                self._teardown()
+            finally:
+                self._life.to(State.CLOSED)
 
     def _write_run_record(self) -> None:
         if self.run_dir is None:
