@@ -9,16 +9,23 @@ Bind it to localhost, as ``carls-dask dashboard RUN_PATH`` does::
 from __future__ import annotations
 
 import sys
+import threading
 
 import holoviews as hv
 import panel as pn
 
 from carls_dask import config
+from dashboards import plots
 from dashboards.dashboard import Dashboard, run_path_from
 from dashboards.runreader import RunReader
 
 pn.extension(sizing_mode="stretch_width", notifications=False)
 hv.extension("bokeh", logo=False)
+
+if not pn.state.cache.get("carls-warm"):
+    # Compile the projection's aggregation once per server process, off the event loop.
+    pn.state.cache["carls-warm"] = threading.Thread(target=plots.warm_up, name="datashader-warm-up", daemon=True)
+    pn.state.cache["carls-warm"].start()
 
 
 def build() -> pn.viewable.Viewable | pn.viewable.Viewer:
@@ -31,8 +38,8 @@ def build() -> pn.viewable.Viewable | pn.viewable.Viewer:
             alert_type="warning",
         )
     dash = Dashboard(reader=RunReader(path), period=config.get_seconds("dashboard.refresh"))
-    dash.refresh()
-    dash.start()
+    # The page goes out at once; reading starts when the browser has loaded it, in worker threads.
+    pn.state.onload(dash.start)
     return dash
 
 

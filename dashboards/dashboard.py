@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import pathlib
@@ -12,6 +13,7 @@ import param
 
 from dashboards.runreader import RunReader
 from dashboards.views import CurriculumView, DriftView, HealthView, PseudoLabelView
+from dashboards.views.base import RunView
 
 __all__ = ["Dashboard", "run_path_from"]
 
@@ -51,21 +53,20 @@ class Dashboard(pn.viewable.Viewer):
         self.curriculum = CurriculumView(reader=self.reader)
         self.views = (self.health, self.drift, self.pseudo_labels, self.curriculum)
         self.status = pn.pane.Markdown("", sizing_mode="stretch_width")
-        self._busy = False
+        self._fast_busy = False
+        self._slow_busy = False
+        self._slow_task: asyncio.Future[None] | None = None
         self._callback: pn.io.PeriodicCallback | None = None
 
     def refresh(self) -> None:
-        """Read what is new in the run and update every view (skipped while a refresh is running)."""
-        if self._busy:
-            return
-        self._busy = True
+        """Read what is new in the run and update every view, one after the other."""
         t0 = time.perf_counter()
-        try:
-            for view in self.views:
-                view.refresh()
-        finally:
-            self._busy = False
-        self.refresh_seconds = time.perf_counter() - t0
+        for view in self.views:
+            view.refresh()
+        self._done(time.perf_counter() - t0)
+
+    def _done(self, seconds: float) -> None:
+        self.refresh_seconds = seconds
         self.last_refresh = time.time()
         path = self.reader.path if self.reader is not None else "(none)"
         self.status.object = (
@@ -73,10 +74,31 @@ class Dashboard(pn.viewable.Viewer):
             f"in {self.refresh_seconds * 1000:.0f} ms, every {self.period:g} s"
         )
 
+    async def _refresh_in_thread(self, views: tuple[RunView, ...], flag: str) -> None:
+        """Refresh ``views`` in a worker thread (the server's event loop stays free); skip if still busy."""
+        if getattr(self, flag):
+            return
+        setattr(self, flag, True)
+        t0 = time.perf_counter()
+        try:
+            for view in views:
+                await asyncio.to_thread(view.refresh)
+        finally:
+            setattr(self, flag, False)
+        if views and views[0] is self.health:
+            self._done(time.perf_counter() - t0)
+
+    async def _tick(self) -> None:
+        # The cheap health view (bank size, newest write) must keep up even while a new snapshot's drift
+        # is being computed, so the two groups refresh independently.
+        if self._slow_task is None or self._slow_task.done():
+            self._slow_task = asyncio.ensure_future(self._refresh_in_thread(self.views[1:], "_slow_busy"))
+        await self._refresh_in_thread(self.views[:1], "_fast_busy")
+
     def start(self) -> pn.io.PeriodicCallback:
-        """Refresh every :attr:`period` seconds from the Panel event loop."""
+        """Refresh every :attr:`period` seconds from the Panel event loop, reading in worker threads."""
         if self._callback is None:
-            self._callback = pn.state.add_periodic_callback(self.refresh, period=int(self.period * 1000))
+            self._callback = pn.state.add_periodic_callback(self._tick, period=int(self.period * 1000))
         return self._callback
 
     def stop(self) -> None:

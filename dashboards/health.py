@@ -26,17 +26,19 @@ def counter_rate(metrics: xr.Dataset | None, name: str) -> xr.DataArray | None:
     them; the first row has no rate and is dropped. Rows with no time elapsed are dropped too.
     Returns ``None`` if the run writes no such counter or no ``wall_time``.
     """
-    if metrics is None or name not in metrics.data_vars or mn.WALL_TIME not in metrics.data_vars:
+    if metrics is None or name not in metrics.data_vars or mn.WALL_TIME not in metrics.variables:
         return None
-    sub = metrics[[name, mn.WALL_TIME]].dropna("step")
-    if sub.sizes.get("step", 0) < 2:
+    c = np.asarray(metrics[name].values, np.float64)
+    t = np.asarray(metrics[mn.WALL_TIME].values, np.float64)
+    steps = np.asarray(metrics["step"].values)
+    ok = np.isfinite(c) & np.isfinite(t)
+    c, t, steps = c[ok], t[ok], steps[ok]
+    if c.size < 2:
         return None
-    c = sub[name].astype(np.float64).values
-    t = sub[mn.WALL_TIME].astype(np.float64).values
     dt = np.diff(t)
     ok = dt > 0
     rate = np.diff(c)[ok] / dt[ok]
-    return xr.DataArray(rate, dims="step", coords={"step": sub["step"].values[1:][ok]}, name=f"{name}_per_s")
+    return xr.DataArray(rate, dims="step", coords={"step": steps[1:][ok]}, name=f"{name}_per_s")
 
 
 def steps_per_second(metrics: xr.Dataset | None) -> xr.DataArray | None:
@@ -45,16 +47,18 @@ def steps_per_second(metrics: xr.Dataset | None) -> xr.DataArray | None:
         return None
     if mn.STEPS_PER_S in metrics.data_vars:
         return metrics[mn.STEPS_PER_S].dropna("step").astype(np.float64)
-    if mn.WALL_TIME not in metrics.data_vars:
+    if mn.WALL_TIME not in metrics.variables:
         return None
-    sub = metrics[mn.WALL_TIME].dropna("step")
-    if sub.sizes.get("step", 0) < 2:
+    t = np.asarray(metrics[mn.WALL_TIME].values, np.float64)
+    steps = np.asarray(metrics["step"].values)
+    ok = np.isfinite(t)
+    t, steps = t[ok], steps[ok]
+    if t.size < 2:
         return None
-    steps = sub["step"].values.astype(np.float64)
-    dt = np.diff(sub.values.astype(np.float64))
+    dt = np.diff(t)
     ok = dt > 0
-    rate = np.diff(steps)[ok] / dt[ok]
-    return xr.DataArray(rate, dims="step", coords={"step": sub["step"].values[1:][ok]}, name=mn.STEPS_PER_S)
+    rate = np.diff(steps.astype(np.float64))[ok] / dt[ok]
+    return xr.DataArray(rate, dims="step", coords={"step": steps[1:][ok]}, name=mn.STEPS_PER_S)
 
 
 def staleness(ds: xr.Dataset, now: float, bins: int = 20) -> xr.Dataset | None:
@@ -94,15 +98,14 @@ def maker_versions(ds: xr.Dataset) -> xr.Dataset | None:
         return None
     steps = np.asarray(ds["model_step"].values, np.int64)
     makers = np.asarray(ds["maker"].values).astype(str) if has_column(ds, "maker") else np.full(steps.size, "")
-    pairs: dict[tuple[str, int], int] = {}
-    for m, s in zip(makers.tolist(), steps.tolist(), strict=True):
-        pairs[(m, s)] = pairs.get((m, s), 0) + 1
-    items = sorted(pairs.items())
+    names, mcode = np.unique(makers, return_inverse=True)
+    ustep, scode = np.unique(steps, return_inverse=True)
+    pair, rows = np.unique(mcode.astype(np.int64) * max(ustep.size, 1) + scode, return_counts=True)
     return xr.Dataset(
-        {"rows": ("version", np.array([n for _, n in items], dtype=np.int64))},
+        {"rows": ("version", rows.astype(np.int64))},
         coords={
-            "maker": ("version", np.array([m for (m, _), _ in items], dtype=str)),
-            "model_step": ("version", np.array([s for (_, s), _ in items], dtype=np.int64)),
+            "maker": ("version", names[pair // max(ustep.size, 1)].astype(str)),
+            "model_step": ("version", ustep[pair % max(ustep.size, 1)].astype(np.int64)),
         },
     )
 

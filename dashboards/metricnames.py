@@ -21,7 +21,7 @@ __all__ = [
     "WALL_TIME",
 ]
 
-#: Unix time (seconds) at which the row was appended; used to turn counters into rates.
+#: Unix time (seconds) of each row: a coordinate the metric store records itself; turns counters into rates.
 WALL_TIME = "wall_time"
 #: Training loss of the trainer at the step.
 TRAIN_LOSS = "train_loss"

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-__all__ = ["bars", "curves", "empty", "heatmap", "render_projection", "stacked_bars"]
+__all__ = ["LABEL_SLOTS", "bars", "curves", "empty", "heatmap", "render_projection", "stacked_bars", "warm_up"]
 
 WIDTH = 460
 HEIGHT = 260
@@ -65,6 +65,18 @@ def heatmap(arr: xr.DataArray, title: str, xlabel: str, ylabel: str) -> hv.Eleme
     return _opts(hv.HeatMap(df, kdims=[xlabel, ylabel], vdims=["value"]), title, cmap="viridis", colorbar=True)
 
 
+#: Labels drawn in their own colour; -1 ("no label") and 0 .. LABEL_SLOTS - 2, the rest share "other".
+LABEL_SLOTS = 32
+_CATEGORIES = [str(i) for i in range(-1, LABEL_SLOTS - 1)] + ["other"]
+
+
+def _label_categories(labels: np.ndarray) -> pd.Categorical:
+    """Labels as one fixed categorical type, so datashader compiles its aggregation once per process."""
+    labels = np.asarray(labels, dtype=np.int64)
+    names = np.where((labels >= -1) & (labels < LABEL_SLOTS - 1), labels.astype(str), "other")
+    return pd.Categorical(names, categories=_CATEGORIES)
+
+
 def render_projection(proj: xr.Dataset, title: str, size: int = 420) -> hv.Element:
     """Rasterise a projection (``x``, ``y``, ``label`` over ``key``) server-side with datashader.
 
@@ -80,8 +92,7 @@ def render_projection(proj: xr.Dataset, title: str, size: int = 420) -> hv.Eleme
     x = proj["x"].values.astype(np.float64)
     y = proj["y"].values.astype(np.float64)
     labels = np.asarray(proj["label"].values)
-    cats = [str(c) for c in np.unique(labels)]
-    df = pd.DataFrame({"x": x, "y": y, "label": pd.Categorical(labels.astype(str), categories=cats)})
+    df = pd.DataFrame({"x": x, "y": y, "label": _label_categories(labels)})
     pad_x = max(float(np.ptp(x)) * 0.05, 1e-6)
     pad_y = max(float(np.ptp(y)) * 0.05, 1e-6)
     x_range = (float(x.min()) - pad_x, float(x.max()) + pad_x)
@@ -89,12 +100,19 @@ def render_projection(proj: xr.Dataset, title: str, size: int = 420) -> hv.Eleme
     canvas = ds.Canvas(plot_width=size, plot_height=size, x_range=x_range, y_range=y_range)
     agg = canvas.points(df, "x", "y", ds.count_cat("label"))
     palette = colorcet.palette["glasbey_category10"]  # hex strings
-    key = {c: palette[i % len(palette)] for i, c in enumerate(cats)}
+    key = {c: ("#bbbbbb" if c in ("-1", "other") else palette[i % len(palette)]) for i, c in enumerate(_CATEGORIES)}
     img = tf.dynspread(tf.shade(agg, color_key=key, how="eq_hist", min_alpha=80), threshold=0.5, max_px=2)
     rgba = img.to_numpy().view(np.uint8).reshape(*img.shape, 4)
     xs = img.coords["x"].values
     ys = img.coords["y"].values
     bounds = (xs[0], ys[0], xs[-1], ys[-1])
     element = hv.RGB(rgba[::-1] if ys[0] < ys[-1] else rgba, bounds=bounds, vdims=["R", "G", "B", "A"])
-    legend = ", ".join(f"{c}" for c in cats[:12]) + (" ..." if len(cats) > 12 else "")
+    present = sorted({int(v) for v in np.unique(labels)})
+    legend = ", ".join(map(str, present[:12])) + (" ..." if len(present) > 12 else "")
     return element.opts(title=f"{title} ({n} points; labels {legend})", width=size + 60, height=size, xlabel="x", ylabel="y")
+
+
+def warm_up() -> None:
+    """Compile datashader's aggregation once (a few seconds), e.g. in a thread when a server starts."""
+    proj = xr.Dataset({"x": ("key", [0.0, 1.0]), "y": ("key", [0.0, 1.0]), "label": ("key", [0, 1])})
+    render_projection(proj, "warm-up", size=8)

@@ -12,6 +12,7 @@ import importlib
 import logging
 import os
 import pathlib
+import threading
 import time
 from collections import OrderedDict
 from typing import Any
@@ -72,7 +73,7 @@ class RunReader:
         How many snapshot datasets to keep in memory.
     """
 
-    def __init__(self, path: str | os.PathLike[str], table: str = "nodes", cache_snapshots: int = 8) -> None:
+    def __init__(self, path: str | os.PathLike[str], table: str = "nodes", cache_snapshots: int = 4) -> None:
         self.path = pathlib.Path(path)
         self.table = table
         self._cache: OrderedDict[int, xr.Dataset] = OrderedDict()
@@ -83,6 +84,8 @@ class RunReader:
         self._latest_stamp: tuple[int, ...] = ()
         self._truth: xr.DataArray | None = None
         self._truth_stamp = -1
+        # Views may refresh from several threads; one read of the store at a time keeps the caches whole.
+        self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ what is there
 
@@ -115,7 +118,7 @@ class RunReader:
                 newest = max(newest, _mtime_ns(child))
         return newest
 
-    def metrics(self) -> xr.Dataset | None:
+    def _metrics_read(self) -> xr.Dataset | None:
         """The metric series (dimension ``step``), loaded into memory; ``None`` when the run has none.
 
         Re-reads only when the store changed since the last call.
@@ -148,7 +151,7 @@ class RunReader:
         except StoreNotFoundError:
             return []
 
-    def snapshot(self, version: int) -> xr.Dataset:
+    def _snapshot(self, version: int) -> xr.Dataset:
         """The table as of a committed snapshot version (cached: snapshots never change)."""
         if version in self._cache:
             self._cache.move_to_end(version)
@@ -178,7 +181,7 @@ class RunReader:
                     stamps.extend(_mtime_ns(seg) for seg in sorted(shard.glob("seg-*.log")))
         return tuple(stamps)
 
-    def latest(self) -> xr.Dataset | None:
+    def _latest_read(self) -> xr.Dataset | None:
         """The table as it is now (newest snapshot plus the delta log), or ``None`` when there is no bank.
 
         Uses :func:`storage.open_bank` when storage provides it, else the newest committed snapshot.
@@ -195,7 +198,7 @@ class RunReader:
             if open_bank is not None and (self.bank_path / "manifest.json").exists():
                 ds = open_bank(self.bank_path, table=self.table).load()
             elif snaps:
-                ds = self.snapshot(int(snaps[-1]["version"]))
+                ds = self._snapshot(int(snaps[-1]["version"]))
             else:
                 return None
         except StoreNotFoundError:
@@ -210,7 +213,7 @@ class RunReader:
 
     # ------------------------------------------------------------------ truth
 
-    def truth(self) -> xr.DataArray | None:
+    def _truth_read(self) -> xr.DataArray | None:
         """Held-out labels over ``key`` from ``truth.npz``, or ``None`` when the run has none."""
         p = self.path / TRUTH
         stamp = _mtime_ns(p)
@@ -227,3 +230,30 @@ class RunReader:
     def now(self) -> float:
         """Current unix time, the reference for staleness."""
         return time.time()
+
+    def metrics(self) -> xr.Dataset | None:
+        """The metric series (dimension ``step``), loaded into memory; ``None`` when the run has none.
+
+        Re-reads only when the store changed since the last call.
+        """
+        with self._lock:
+            return self._metrics_read()
+
+    def snapshot(self, version: int) -> xr.Dataset:
+        """The table as of a committed snapshot version (cached: snapshots never change)."""
+        with self._lock:
+            return self._snapshot(version)
+
+    def latest(self) -> xr.Dataset | None:
+        """The table as it is now (newest snapshot plus the delta log), or ``None`` when there is no bank.
+
+        Uses :func:`storage.open_bank` when storage provides it, else the newest committed snapshot.
+        Re-reads only when the manifest or a delta segment changed.
+        """
+        with self._lock:
+            return self._latest_read()
+
+    def truth(self) -> xr.DataArray | None:
+        """Held-out labels over ``key`` from ``truth.npz``, or ``None`` when the run has none."""
+        with self._lock:
+            return self._truth_read()

@@ -10,7 +10,7 @@ import xarray as xr
 
 from dashboards import metricnames as mn
 from dashboards import plots
-from dashboards.bankdata import has_column
+from dashboards.bankdata import has_column, keys_of, stable_sample
 from dashboards.curriculum import accuracy_by_difficulty, difficulty_histograms, pacing_vs_realised
 from dashboards.views.base import RunView
 
@@ -23,6 +23,8 @@ class CurriculumView(RunView):
     bins = param.Integer(default=20, bounds=(2, 200), doc="Bins of the difficulty histograms.")
     accuracy_bins = param.Integer(default=5, bounds=(1, 50), doc="Quantile bins of difficulty for the accuracy plot.")
     prediction = param.String(default="pseudo_label", doc="Column holding the predictions judged by difficulty.")
+    max_snapshots = param.Integer(default=20, bounds=(1, 10_000), doc="Most recent snapshots in the difficulty plot.")
+    sample = param.Integer(default=20_000, bounds=(100, 10_000_000), doc="Rows per snapshot kept for the difficulty plot.")
 
     def __init__(self, **params: object) -> None:
         params.setdefault("title", "Curriculum progress")
@@ -32,6 +34,14 @@ class CurriculumView(RunView):
         self._difficulty = pn.pane.HoloViews(plots.empty("difficulty over time", "no difficulty column"))
         self._accuracy = pn.pane.HoloViews(plots.empty("accuracy by difficulty", "needs difficulty, predictions and truth"))
         self.pacing: xr.Dataset | None = None
+        self._samples: dict[int, tuple[int, xr.Dataset | None]] = {}
+
+    def _difficulty_sample(self, ds: xr.Dataset) -> xr.Dataset | None:
+        """The difficulty column of a stable sample of rows (kept per snapshot instead of the snapshot)."""
+        if not has_column(ds, "difficulty"):
+            return None
+        rows = stable_sample(keys_of(ds), self.sample)
+        return ds[["difficulty"]].isel(key=rows).load()
 
     def _update(self) -> None:
         assert self.reader is not None
@@ -51,8 +61,15 @@ class CurriculumView(RunView):
             )
         else:
             notes.append(f"no curriculum series ({mn.PACING}, {mn.ADMITTED_FRACTION}) in the metric store")
-        snaps = self.reader.snapshots()
-        pairs = [(int(s["step"]), self.reader.snapshot(int(s["version"]))) for s in snaps[-50:]]
+        snaps = self.reader.snapshots()[-self.max_snapshots :]
+        for s in snaps:
+            v = int(s["version"])
+            if v not in self._samples:
+                self._samples[v] = (int(s["step"]), self._difficulty_sample(self.reader.snapshot(v)))
+        kept = {int(s["version"]) for s in snaps}
+        for v in [v for v in self._samples if v not in kept]:
+            del self._samples[v]
+        pairs = [(step, ds) for v, (step, ds) in sorted(self._samples.items()) if ds is not None]
         hist = difficulty_histograms(pairs, bins=self.bins)
         if hist is not None:
             self._difficulty.object = plots.heatmap(hist["density"], "difficulty distribution over time", "step", "difficulty")

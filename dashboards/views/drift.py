@@ -30,7 +30,7 @@ class DriftView(RunView):
         default=100_000, bounds=(100, 2_000_000), doc="Rows drawn (by a stable hash of the key) for the 2-D projection."
     )
     label = param.String(default="pseudo_label", doc="Column that colours the projection; rows without it get -1.")
-    max_snapshots = param.Integer(default=50, bounds=(2, 10_000), doc="Most recent snapshots kept in the drift curves.")
+    max_snapshots = param.Integer(default=20, bounds=(2, 10_000), doc="Most recent snapshots kept in the drift curves.")
 
     def __init__(self, **params: object) -> None:
         params.setdefault("title", "Embedding drift")
@@ -40,6 +40,7 @@ class DriftView(RunView):
         self._proj: dict[int, xr.Dataset] = {}
         self._steps: dict[int, int] = {}
         self._versions: list[int] = []
+        self._quiet = False
         self.slider = pn.widgets.DiscreteSlider(name="snapshot step", options=[0], value=0, width=400, disabled=True)
         self.slider.param.watch(self._on_slider, "value")
         self._l2 = pn.pane.HoloViews(plots.empty("L2 change", "waiting for two snapshots"))
@@ -148,14 +149,19 @@ class DriftView(RunView):
         if not steps:
             return
         at_end = self.slider.value == self.slider.options[-1] if self.slider.options else True
-        self.slider.options = steps
-        self.slider.disabled = len(steps) < 2
-        if at_end or self.slider.value not in steps:
-            self.slider.value = steps[-1]
+        self._quiet = True  # one redraw below, not one per slider change
+        try:
+            self.slider.options = steps
+            self.slider.disabled = len(steps) < 2
+            if at_end or self.slider.value not in steps:
+                self.slider.value = steps[-1]
+        finally:
+            self._quiet = False
         self._draw_map(self.slider.value)
 
     def _on_slider(self, event: param.parameterized.Event) -> None:
-        self._draw_map(int(event.new))
+        if not self._quiet:
+            self._draw_map(int(event.new))
 
     def _draw_map(self, step: int) -> None:
         proj = self.projection(step)

@@ -36,6 +36,7 @@ class PseudoLabelView(RunView):
 
     threshold = param.Number(default=0.0, bounds=(0.0, 1.0), doc="Confidence a pseudo label needs to count.")
     bins = param.Integer(default=20, bounds=(2, 200), doc="Bins of the confidence histogram.")
+    max_snapshots = param.Integer(default=20, bounds=(2, 10_000), doc="Most recent snapshots in the flip-rate plot.")
 
     def __init__(self, **params: object) -> None:
         params.setdefault("title", "Pseudo-label quality")
@@ -88,7 +89,7 @@ class PseudoLabelView(RunView):
 
     def _update_flips(self) -> None:
         assert self.reader is not None
-        snaps = self.reader.snapshots()
+        snaps = self.reader.snapshots()[-self.max_snapshots :]
         versions = [int(s["version"]) for s in snaps]
         self._steps.update({int(s["version"]): int(s["step"]) for s in snaps})
         for prev, cur in itertools.pairwise(versions):
@@ -97,6 +98,8 @@ class PseudoLabelView(RunView):
             a, b = self.reader.snapshot(prev), self.reader.snapshot(cur)
             if has_column(a, "pseudo_label") and has_column(b, "pseudo_label"):
                 self._flips[cur] = flip_rate(a, b)
+        for v in [v for v in self._flips if v not in versions]:
+            del self._flips[v]
         vs = [v for v in versions if v in self._flips and not math.isnan(self._flips[v]["flip_rate"])]
         if vs:
             arr = xr.DataArray([self._flips[v]["flip_rate"] for v in vs], dims="step", coords={"step": [self._steps[v] for v in vs]})

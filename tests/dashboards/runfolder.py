@@ -99,32 +99,45 @@ def write_truth(run: pathlib.Path, n: int, classes: int = 3) -> None:
     np.savez(run / "truth.npz", keys=keys, labels=keys % classes)
 
 
+def delta_rows(keys: np.ndarray, columns: dict[str, np.ndarray], step: int, shard: int) -> dict[str, np.ndarray]:
+    """The upsert record of shard ``shard`` for new rows (full rows, as the bank logs them)."""
+    state = shard_states(keys, columns, model_step=step, version=1)[shard]
+    return state["tables"]["nodes"]  # type: ignore[index,return-value]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("run", type=pathlib.Path)
-    parser.add_argument("--period", type=float, default=0.3)
-    parser.add_argument("--start-rows", type=int, default=300)
-    parser.add_argument("--grow", type=int, default=7)
+    parser.add_argument("--period", type=float, default=0.5, help="seconds between bank writes")
+    parser.add_argument("--snapshot-every", type=int, default=6, help="writes between snapshots")
+    parser.add_argument("--start-rows", type=int, default=2000)
+    parser.add_argument("--grow", type=int, default=7, help="rows each write adds")
     args = parser.parse_args()
-    args.run.mkdir(parents=True, exist_ok=True)
-    writer = None
-    try:
-        from storage.metrics import MetricWriter
+    from storage.deltalog import DeltaLog
+    from storage.metrics import MetricWriter
 
-        writer = MetricWriter(args.run / "metrics.zarr", run="ui-test")
-    except ImportError:
-        pass
-    step, rows = 0, args.start_rows
-    write_truth(args.run, 100_000)
+    args.run.mkdir(parents=True, exist_ok=True)
+    bank = args.run / "bank"
+    write_truth(args.run, 1_000_000)
+    step, rows = 10, args.start_rows
+    keys, cols = nodes(rows, step)
+    write_snapshot(bank, step, keys, cols)
+    logs = [DeltaLog(bank, s, sync=False) for s in range(N_SHARDS)]
+    writer = MetricWriter(args.run / "metrics.zarr", run="dashboard-test")
+    i = 0
     while True:
+        i += 1
         step += 10
+        keys, cols = nodes(rows + args.grow, step)
+        new = slice(rows, rows + args.grow)
+        for s, log in enumerate(logs):
+            log.append(step, "nodes", "upsert", delta_rows(keys[new], {k: v[new] for k, v in cols.items()}, step, s))
         rows += args.grow
-        keys, cols = nodes(rows, step)
-        write_snapshot(args.run / "bank", step, keys, cols)
-        if writer is not None:
-            writer.append(step, wall_time=time.time(), bank_rows=float(rows), bank_lookups=float(step * 100),
-                          bank_updates=float(step * 40), pacing=min(1.0, step / 500), admitted_fraction=min(1.0, step / 520),
-                          steps_per_s=20.0, train_loss=1.0 / step)
+        if i % args.snapshot_every == 0:
+            write_snapshot(bank, step, keys, cols)
+        writer.append(step, bank_rows=float(rows), bank_lookups=float(step * 100), bank_updates=float(step * 40),
+                      pacing=min(1.0, step / 500), admitted_fraction=min(1.0, step / 520), train_loss=1.0 / step)
+        writer.flush()
         (args.run / "writer.progress").write_text(f"{step} {rows}\n")
         time.sleep(args.period)
 
