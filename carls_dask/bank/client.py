@@ -230,6 +230,8 @@ class KnowledgeBank:
         if self.n_shards == 1:
             return [(0, np.arange(keys.shape[0]))]
         owner = self._owner[bucket_of(keys, self.buckets)]
+        if self.n_shards <= 8:  # a few boolean passes beat a sort
+            return [(s, idx) for s in range(self.n_shards) if (idx := np.flatnonzero(owner == s)).size]
         order = np.argsort(owner, kind="stable")
         counts = np.bincount(owner, minlength=self.n_shards)
         parts = np.split(order, np.cumsum(counts)[:-1])

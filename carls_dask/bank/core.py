@@ -353,8 +353,9 @@ class ShardCore:
             t.frequency[urows] += counts
             self.version += 1
             rows = urows[inverse]
+            meta = np.take(t.meta, rows, axis=0)
         else:
-            rows = t.index.find(k, t.keys)
+            rows, meta = t.index.find_with_rows(k, t.meta)
         found = rows >= 0
         all_found = bool(found.all())
         safe = rows if all_found else np.where(found, rows, 0)
@@ -364,7 +365,6 @@ class ShardCore:
             if not all_found:
                 v[~found] = 0
             values[name] = v
-        meta = np.take(t.meta, safe, axis=0)
         if not all_found:
             meta[~found] = (0, 0, -1, 0, 0)
         age = now - meta[:, 4].view(np.float64)

@@ -18,6 +18,8 @@ EMPTY = np.int32(-1)
 TOMBSTONE = np.int32(-2)
 _INDEX_SALT = np.uint64(0x5851F42D4C957F2D)
 _WINDOW = 8
+_SINGLE_ROUNDS = 6
+_WINDOW_BELOW = 64
 
 
 class KeyIndex:
@@ -121,6 +123,18 @@ class KeyIndex:
         row_out[match] = s[match]
         pending = np.flatnonzero((s != EMPTY) & ~match)
         start = (home[pending] + 1) & mask
+        # a few more single probes while many keys are pending (each reads one key per key) ...
+        for _ in range(_SINGLE_ROUNDS):
+            if pending.size <= _WINDOW_BELOW:
+                break
+            s = self.slots[start]
+            match = (s >= 0) & (key_column[np.maximum(s, 0)] == keys[pending])
+            slot_out[pending[match]] = start[match]
+            row_out[pending[match]] = s[match]
+            keep = (s != EMPTY) & ~match
+            pending = pending[keep]
+            start = (start[keep] + 1) & mask
+        # ... then the long tail a window at a time
         window = np.arange(_WINDOW, dtype=np.int64)
         while pending.size:
             pos = (start[:, None] + window[None, :]) & mask
@@ -138,6 +152,27 @@ class KeyIndex:
             pending = pending[keep]
             start = (start[keep] + _WINDOW) & mask
         return slot_out, row_out
+
+    def find_with_rows(self, keys: np.ndarray, row_data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of ``keys`` together with their gathered ``row_data`` (whose column 0 holds the key).
+
+        The key check of the first probe reads the same row the caller needs anyway, so a lookup
+        touches each row's cache line once. ``row_data`` rows of absent keys are unspecified.
+        """
+        keys = np.asarray(keys, dtype=np.int64)
+        if keys.size == 0 or self.live == 0:
+            return np.full(keys.shape[0], -1, dtype=np.int64), np.zeros((keys.shape[0], *row_data.shape[1:]), row_data.dtype)
+        s = self.slots[self._home(keys)].astype(np.int64)
+        data = np.take(row_data, np.maximum(s, 0), axis=0)
+        hit = (s >= 0) & (data[:, 0] == keys)
+        rows = np.where(hit, s, -1)
+        rest = np.flatnonzero(~hit & (s != EMPTY))
+        if rest.size:
+            more = self.find_slots(keys[rest], row_data[:, 0])[1]
+            rows[rest] = more
+            ok = more >= 0
+            data[rest[ok]] = np.take(row_data, more[ok], axis=0)
+        return rows, data
 
     def set_rows(self, slots: np.ndarray, rows: np.ndarray) -> None:
         """Point existing slots at new rows (after rows were moved)."""

@@ -132,6 +132,6 @@ class BankModel(RuleBasedStateMachine):
 
 
 BankModel.TestCase.settings = settings(
-    max_examples=40, stateful_step_count=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=30, stateful_step_count=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestBankModel = BankModel.TestCase
