@@ -147,11 +147,9 @@ class BankShard:
         max_staleness: float | None = None,
     ) -> LookupResult:
         """See :meth:`ShardCore.lookup`."""
-        before = self.core.table(table).n if insert and self._log is not None else 0
         res = self.core.lookup(table, keys, columns=columns, insert=insert, max_staleness=max_staleness)
-        if insert and self._log is not None:
+        if insert and self._log is not None:  # allocations and frequencies are state: log the rows
             self._log_upsert(table, np.asarray(keys, dtype=np.int64))
-            del before
         return res
 
     @_locked

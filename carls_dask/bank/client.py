@@ -250,8 +250,10 @@ class KnowledgeBank:
             return None
         return worker.state.actors.get(handle.key)
 
-    def _call(self, calls: Sequence[tuple[int, str, tuple[Any, ...], dict[str, Any]]]) -> list[Any]:
-        """Issue every call, then wait for all of them (each within the call timeout).
+    def _call(
+        self, calls: Sequence[tuple[int, str, tuple[Any, ...], dict[str, Any]]], timeout: float | None = None
+    ) -> list[Any]:
+        """Issue every call, then wait for all of them (each within ``timeout``, default the call timeout).
 
         Shards living in the caller's process (a task co-located with its shard) are called directly,
         after the remote calls have been issued.
@@ -272,12 +274,11 @@ class KnowledgeBank:
             if fut is None:
                 out.append(direct[i])
                 continue
+            limit = self.timeout if timeout is None else timeout
             try:
-                out.append(fut.result(timeout=self.timeout))
+                out.append(fut.result(timeout=limit))
             except TimeoutError as exc:
-                raise DeadlineExceeded(
-                    f"bank {self.name!r}: shard {s} did not answer within {self.timeout:g} s"
-                ) from exc
+                raise DeadlineExceeded(f"bank {self.name!r}: shard {s} did not answer within {limit:g} s") from exc
             except OSError as exc:
                 if "Unable to contact Actor" in str(exc) or "lost" in str(exc):
                     raise ShardLostError(f"bank {self.name!r}: shard {s} cannot be reached ({exc})") from exc
@@ -515,11 +516,12 @@ class KnowledgeBank:
         self._call([(s, "set_step", (int(step),), {}) for s in range(self.n_shards)])
 
     # -- persistence --------------------------------------------------------------------------------
-    def snapshot(self, root: str, step: int, **snapshot_kwargs: Any) -> int:
+    def snapshot(self, root: str, step: int, *, timeout: float | None = None, **snapshot_kwargs: Any) -> int:
         """Write a committed snapshot of every shard under ``root``; returns its version.
 
         Each shard writes its own arrays (concurrently); the snapshot is committed only when all
-        have written, so a failure leaves the previous snapshot the newest valid one.
+        have written, so a failure leaves the previous snapshot the newest valid one. ``timeout``
+        bounds each shard's write (default: ten times the call timeout).
         """
         from storage.snapshots import begin_snapshot, commit_snapshot
 
@@ -530,7 +532,8 @@ class KnowledgeBank:
         }
         handle = begin_snapshot(root, int(step), **kwargs)
         self._call([(s, "set_step", (int(step),), {}) for s in range(self.n_shards)])
-        infos = self._call([(s, "snapshot", (handle,), {}) for s in range(self.n_shards)])
+        infos = self._call([(s, "snapshot", (handle,), {}) for s in range(self.n_shards)],
+                           timeout=10 * self.timeout if timeout is None else timeout)
         optimizer: dict[str, dict[str, dict[str, int]]] = {}
         for info in infos:
             for t, cols in info["meta"].get("optimizer", {}).items():
@@ -585,7 +588,12 @@ class KnowledgeBank:
             log_root=log_root, log_sync=log_sync,
             initial_capacity=int(config.get("bank.initial-capacity")), timeout=t,
         )
-        done = bank._call([(s, "restore", (str(root), int(man["version"]), replay_log), {}) for s in range(n)])
+        try:
+            done = bank._call([(s, "restore", (str(root), int(man["version"]), replay_log), {}) for s in range(n)],
+                              timeout=10 * t)
+        except BaseException:
+            bank.close()
+            raise
         logger.info("bank %s restored from v%d of %s: %s", bank.name, man["version"], root, done)
         return bank
 
