@@ -24,6 +24,7 @@ the swap leaves the previous snapshot listed, complete and untouched.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import pathlib
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 import zarr
 import zarr.codecs
+from zarr.core.buffer.cpu import NDBuffer as _NDBuffer
 
 from storage.errors import (
     CorruptStoreError,
@@ -302,14 +304,66 @@ def _validate_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
     return meta, tables
 
 
-def _sorted_by_bucket(arrays: dict[str, np.ndarray], buckets: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    bucket = arrays["bucket"].astype(np.int64, copy=False)
-    if bucket.size and np.any(bucket[1:] < bucket[:-1]):
-        order = np.argsort(bucket, kind="stable")
-        arrays = {k: np.take(v, order, axis=0) for k, v in arrays.items()}
-        bucket = bucket[order]
-    offsets = np.searchsorted(bucket, np.arange(buckets + 1), side="left").astype(np.int64)
-    return arrays, offsets
+def _bucket_order(bucket: np.ndarray, buckets: int) -> tuple[np.ndarray | None, np.ndarray]:
+    """Row order that sorts by bucket (None when already sorted) and the per-bucket row offsets."""
+    b = bucket.astype(np.int64, copy=False)
+    order = None
+    if b.size and np.any(b[1:] < b[:-1]):
+        order = np.argsort(b, kind="stable")
+        b = b[order]
+    offsets = np.searchsorted(b, np.arange(buckets + 1), side="left").astype(np.int64)
+    return order, offsets
+
+
+#: Codec chain of uncompressed snapshot arrays, which :func:`_write_chunks` encodes itself.
+_PLAIN_CODECS = ([{"name": "bytes", "configuration": {"endian": "little"}}],
+                 [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+                 [{"name": "bytes"}], [{"name": "bytes"}, {"name": "crc32c"}])
+
+
+def _plain_codecs(z: zarr.Array) -> bool | None:
+    """For an uncompressed array: whether chunks carry a CRC32C; None when other codecs are involved."""
+    meta: dict[str, Any] = json.loads(json.dumps(z.metadata.to_dict(), default=str))  # tuples -> lists
+    codecs = meta.get("codecs")
+    separator = meta.get("chunk_key_encoding", {}).get("configuration", {}).get("separator", "/")
+    if codecs not in _PLAIN_CODECS or separator != "/" or z.dtype.byteorder == ">":
+        return None
+    return bool(codecs[-1]["name"] == "crc32c")
+
+
+def _write_chunks(z: zarr.Array, folder: pathlib.Path, a: np.ndarray, order: np.ndarray | None) -> bool:
+    """Write the chunks of an uncompressed array directly as files; False if its codecs need Zarr.
+
+    The files are exactly what Zarr writes for the ``bytes`` (+ ``crc32c``) codec chain: each chunk's
+    C-order little-endian bytes (the last chunk padded with the fill value 0 to the full chunk shape),
+    then, with checksums, the CRC32C of those bytes as 4 little-endian bytes. Rows are gathered into bucket
+    order one chunk at a time, so no sorted copy of the whole array is made.
+    """
+    crc = _plain_codecs(z)
+    if crc is None:
+        return False
+    if crc:
+        import google_crc32c  # zarr's own dependency for its crc32c codec
+
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    c = int(z.chunks[0])
+    n = int(a.shape[0])
+    trailing = "/".join("0" for _ in a.shape[1:])
+    for i, start in enumerate(range(0, n, c)):
+        stop = min(n, start + c)
+        block = np.take(a, order[start:stop], axis=0) if order is not None else np.ascontiguousarray(a[start:stop])
+        if stop - start < c:
+            padded = np.zeros((c, *a.shape[1:]), dtype=a.dtype)
+            padded[: stop - start] = block
+            block = padded
+        key = f"c/{i}" + (f"/{trailing}" if trailing else "")
+        (folder / key).parent.mkdir(parents=True, exist_ok=True)
+        with open(folder / key, "wb") as fh:
+            fh.write(block.data.cast("B"))
+            if crc:
+                fh.write(int(google_crc32c.value(block.reshape(-1).view(np.uint8))).to_bytes(4, "little"))
+    return True
 
 
 def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: int | None = None) -> dict[str, Any]:
@@ -364,9 +418,10 @@ def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: 
     compressors = _codecs(handle.compressor, handle.checksum)
     group = zarr.open_group(str(vdir / f"{_shard_name(shard)}.zarr"), mode="w-", zarr_format=3)
     info_tables: dict[str, Any] = {}
+    zroot = vdir / f"{_shard_name(shard)}.zarr"
     for tname, arrays in tables.items():
-        arrays, offsets = _sorted_by_bucket(arrays, buckets)
-        arrays["bucket_offsets"] = offsets
+        order, offsets = _bucket_order(arrays["bucket"], buckets)
+        arrays = {**arrays, "bucket_offsets": offsets}
         described: dict[str, Any] = {}
         for name, a in arrays.items():
             rows = handle.chunk_rows if name != "bucket_offsets" else max(1, a.shape[0])
@@ -380,8 +435,9 @@ def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: 
                 # every chunk is written, even all-zero ones, so a missing chunk file means damage
                 config={"write_empty_chunks": True},
             )
-            if a.size:
-                z[...] = a
+            ordered = order if name != "bucket_offsets" else None
+            if a.size and not _write_chunks(z, zroot / tname / name, a, ordered):
+                z[...] = np.take(a, ordered, axis=0) if ordered is not None else a
             if name != "bucket_offsets":
                 described[name] = {"dtype": a.dtype.str, "shape": list(a.shape[1:])}
         info_tables[tname] = {"rows": int(arrays["keys"].shape[0]), "arrays": described}
@@ -577,6 +633,43 @@ def _chunk_spans(ranges: Iterable[tuple[int, int]], chunk: int, n: int) -> list[
     return spans
 
 
+def _read_rows(z: zarr.Array, folder: pathlib.Path, start: int, stop: int, dest: np.ndarray) -> None:
+    """Read rows ``start:stop`` (``start`` chunk-aligned) into ``dest``, straight from the chunk files.
+
+    The inverse of :func:`_write_chunks` for uncompressed arrays (CRC32C verified when present); other
+    codec chains go through Zarr.
+    """
+    crc = _plain_codecs(z)
+    if crc is None or dest.dtype != z.dtype or not dest.flags.c_contiguous:
+        z.get_basic_selection(slice(start, stop), out=_NDBuffer.from_numpy_array(dest))
+        return
+    if crc:
+        import google_crc32c  # zarr's own dependency for its crc32c codec
+    c = int(z.chunks[0])
+    row_bytes = dest.itemsize * int(np.prod(z.shape[1:], dtype=np.int64))
+    trailing = "/".join("0" for _ in z.shape[1:])
+    flat = dest.reshape(-1).view(np.uint8)
+    for i in range(start // c, -(-stop // c)):
+        lo = i * c
+        hi = min(stop, lo + c)
+        key = f"c/{i}" + (f"/{trailing}" if trailing else "")
+        part = flat[(lo - start) * row_bytes : (hi - start) * row_bytes]
+        with open(folder / key, "rb") as fh:
+            got = fh.readinto(part.data)
+            rest = fh.read()
+        pad = (c - (hi - lo)) * row_bytes
+        if got != part.nbytes or len(rest) != pad + (4 if crc else 0):
+            raise CorruptStoreError(
+                f"chunk {key} of {folder} has {got + len(rest)} bytes; expected {c * row_bytes + (4 if crc else 0)}"
+            )
+        if crc:
+            value = google_crc32c.value(part)
+            if pad:
+                value = google_crc32c.extend(value, rest[:pad])
+            if int(value).to_bytes(4, "little") != rest[pad:]:
+                raise CorruptStoreError(f"chunk {key} of {folder}: checksum mismatch; the chunk is damaged")
+
+
 def _array(group: zarr.Group, name: str) -> zarr.Array:
     node = group[name]
     if not isinstance(node, zarr.Array):
@@ -638,9 +731,14 @@ def read_snapshot(
     for t in want_tables:
         if t not in man["tables"]:
             raise StoreNotFoundError(f"{what}: no table {t!r}; tables are {sorted(man['tables'])}")
-    wanted = None if buckets is None else np.unique(np.asarray(list(buckets) if not isinstance(buckets, np.ndarray) else buckets, dtype=np.int64))
+    wanted = None if buckets is None else np.unique(np.asarray(
+        buckets if isinstance(buckets, np.ndarray) else list(buckets), dtype=np.int64))
     makers = man["makers"]
-    out: dict[str, dict[str, list[np.ndarray]]] = {t: {} for t in want_tables}
+    # plan: per shard and table, the chunk-aligned row spans to read and (with a bucket set) row masks
+    plans: list[tuple[str, zarr.Group, pathlib.Path, np.ndarray, str, list[str], list[tuple[int, int]],
+                      list[np.ndarray] | None, int]] = []
+    totals: dict[str, int] = dict.fromkeys(want_tables, 0)
+    dtypes: dict[str, dict[str, tuple[np.dtype, tuple[int, ...]]]] = {t: {} for t in want_tables}
     for s_key, info in man["shards"].items():
         zpath = vdir / f"{_shard_name(int(s_key))}.zarr"
         if not zpath.is_dir():
@@ -654,40 +752,66 @@ def read_snapshot(
             arr_names = list(tinfo["arrays"]) if names is None else list(dict.fromkeys(["keys", "bucket", *names]))
             for nm in arr_names:
                 if nm not in tinfo["arrays"]:
-                    raise StoreNotFoundError(f"{what}: table {tname!r} has no array {nm!r}; it has {sorted(tinfo['arrays'])}")
+                    raise StoreNotFoundError(
+                        f"{what}: table {tname!r} has no array {nm!r}; it has {sorted(tinfo['arrays'])}"
+                    )
+                desc = tinfo["arrays"][nm]
+                dtypes[tname][nm] = (np.dtype(desc["dtype"]), tuple(desc["shape"]))
             n = int(tinfo["rows"])
+            masks: list[np.ndarray] | None = None
             try:
                 if wanted is None:
-                    spans, mask_of = [(0, n)], None
+                    spans, masks, rows = ([(0, n)] if n else []), None, n
                 else:
                     offsets = np.asarray(_array(group, f"{tname}/bucket_offsets")[...])
                     sel = wanted[(wanted >= 0) & (wanted < offsets.shape[0] - 1)]
                     ranges = sorted(zip(offsets[sel].tolist(), offsets[sel + 1].tolist(), strict=True))
                     spans = _chunk_spans(ranges, int(info.get("chunk_rows", 65536)), n)
-                    mask_of = {}
                     bucket_arr = _array(group, f"{tname}/bucket")
+                    masks = []
                     for s, e in spans:
-                        mask_of[(s, e)] = np.isin(np.asarray(bucket_arr[s:e]), wanted)
-                for nm in arr_names:
-                    z = _array(group, f"{tname}/{nm}")
-                    _check_chunks(z, zpath / tname / nm, what)
-                    parts = []
-                    for s, e in spans:
-                        block = np.asarray(z[s:e])
-                        parts.append(block if mask_of is None else block[mask_of[(s, e)]])
-                    if not parts:
-                        parts = [np.zeros((0, *z.shape[1:]), dtype=z.dtype)]
-                    a = np.concatenate(parts) if len(parts) > 1 else parts[0]
-                    if nm == "prov/maker" and a.size:
-                        if a.min() < 0 or a.max() >= code_map.shape[0]:
-                            raise CorruptStoreError(f"{what}: shard {s_key} has maker codes outside its maker list")
-                        a = code_map[a]
-                    out[tname].setdefault(nm, []).append(a)
+                        bblock = np.empty(e - s, dtype=bucket_arr.dtype)
+                        _read_rows(bucket_arr, zpath / tname / "bucket", s, e, bblock)
+                        masks.append(np.isin(bblock, wanted))
+                    rows = int(sum(int(m.sum()) for m in masks))
             except (CorruptStoreError, StoreNotFoundError):
                 raise
             except Exception as exc:  # zarr raises assorted errors on damaged chunks (checksum, decode)
                 raise CorruptStoreError(f"{what}: shard {s_key}, table {tname!r} cannot be read: {exc}") from exc
-    return {
-        t: {nm: (np.concatenate(parts) if len(parts) > 1 else parts[0]) for nm, parts in arrs.items()}
-        for t, arrs in out.items()
+            plans.append((s_key, group, zpath, code_map, tname, arr_names, spans, masks, rows))
+            totals[tname] += rows
+    # fill: one output array per name; full spans are decoded straight into it
+    out: dict[str, dict[str, np.ndarray]] = {
+        t: {nm: np.empty((totals[t], *shape), dtype=dt) for nm, (dt, shape) in dtypes[t].items()}
+        for t in want_tables
     }
+    pos: dict[str, int] = dict.fromkeys(want_tables, 0)
+    for s_key, group, zpath, code_map, tname, arr_names, spans, masks, rows in plans:
+        p0 = pos[tname]
+        try:
+            for nm in arr_names:
+                z = _array(group, f"{tname}/{nm}")
+                _check_chunks(z, zpath / tname / nm, what)
+                dest = out[tname][nm]
+                p = p0
+                for i, (s, e) in enumerate(spans):
+                    if masks is None:
+                        _read_rows(z, zpath / tname / nm, s, e, dest[p : p + e - s])
+                        p += e - s
+                    else:
+                        block = np.empty((e - s, *z.shape[1:]), dtype=z.dtype)
+                        _read_rows(z, zpath / tname / nm, s, e, block)
+                        block = block[masks[i]]
+                        dest[p : p + block.shape[0]] = block
+                        p += block.shape[0]
+                if nm == "prov/maker" and p > p0:
+                    codes = dest[p0:p]
+                    if codes.min() < 0 or codes.max() >= code_map.shape[0]:
+                        raise CorruptStoreError(f"{what}: shard {s_key} has maker codes outside its maker list")
+                    dest[p0:p] = code_map[codes]
+        except (CorruptStoreError, StoreNotFoundError):
+            raise
+        except Exception as exc:  # zarr raises assorted errors on damaged chunks (checksum, decode)
+            raise CorruptStoreError(f"{what}: shard {s_key}, table {tname!r} cannot be read: {exc}") from exc
+        pos[tname] = p0 + rows
+    return out

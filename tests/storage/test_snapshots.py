@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from storage.bankview import open_bank
 from storage.errors import (
     CorruptStoreError,
     IncompatibleStoreError,
@@ -174,7 +175,12 @@ def test_missing_incompatible_and_corrupt_stores(tmp_path: pathlib.Path) -> None
     data = bytearray(chunk.read_bytes())
     data[10] ^= 0xFF
     chunk.write_bytes(bytes(data))
-    with pytest.raises(CorruptStoreError, match="cannot be read"):
+    with pytest.raises(CorruptStoreError, match=r"chunk c/2/0 .* checksum mismatch"):
+        read_snapshot(root)
+    with pytest.raises(CorruptStoreError, match=r"cannot read rows 0:600: .*checksum"):  # the lazy view checks too
+        open_bank(root)["embedding"].load()
+    chunk.write_bytes(bytes(data[:-100]))
+    with pytest.raises(CorruptStoreError, match=r"chunk c/2/0 .* has 3104 bytes; expected 3204"):
         read_snapshot(root)
     chunk.unlink()
     with pytest.raises(CorruptStoreError, match=r"chunk c/2/0 .* is missing"):
