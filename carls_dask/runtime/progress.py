@@ -114,7 +114,8 @@ class ProgressSink:
     def __init__(self, book: ProgressBook, *, total: int | None = None, show: bool = True,
                  metrics_path: str | pathlib.Path | None = None, run: str = "") -> None:
         self.book = book
-        self._bar: Any = _Bar(total=total, unit="step", desc=run or "run", leave=False) if show else None
+        self._bar: Any = (_Bar(total=total, unit="step", desc=run or "run", leave=False, mininterval=1.0)
+                          if show else None)
         self._writer: Any = None
         if metrics_path is not None:
             from storage.metrics import MetricWriter

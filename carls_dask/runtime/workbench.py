@@ -253,7 +253,7 @@ class Workbench:
         self._placement = placement
         workers = [self.home_worker()] if placement == "colocate" else None
         self.bank = KnowledgeBank.create(self.client, tables, n_shards=n_shards, buckets=buckets, workers=workers,
-                                         name=name or f"{self.name}-bank")
+                                         name=name or f"{self.prefix}-bank")
         return self.bank
 
     # -- loops -------------------------------------------------------------------------------

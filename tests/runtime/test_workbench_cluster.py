@@ -1,0 +1,58 @@
+"""A Workbench that starts its own LocalCluster leaves no process or thread behind."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import dask.config
+import psutil
+
+from carls_dask.runtime import State, Workbench
+from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer
+
+# Thread pools that distributed creates once per process and keeps (not owned by a Workbench).
+PROCESS_WIDE = ("Dask-Offload",)
+
+
+def _threads() -> set[tuple[str, int | None]]:
+    return {(t.name, t.ident) for t in threading.enumerate() if not t.name.startswith(PROCESS_WIDE)}
+
+
+def _children() -> list[Any]:
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            # multiprocessing's resource tracker is started once per process and shared by all users
+            if any("multiprocessing.resource_tracker" in part for part in p.cmdline()):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        out.append(p)
+    return out
+
+
+def test_own_local_cluster_is_started_and_fully_released() -> None:
+    threads_before = _threads()
+    children_before = {p.pid for p in _children()}
+    with dask.config.set({"carls.cluster.n-workers": 1, "carls.cluster.threads-per-worker": 2}):
+        with Workbench(progress=True, stop_timeout=30) as wb:
+            assert wb.cluster is not None and len(wb.client.scheduler_info()["workers"]) == 1
+            wb.submit_trainer(DigitsTrainer("trainer", max_steps=40, publish_every=10, lr=0.02))
+            wb.submit_maker(DigitsMaker("maker"))
+            assert len(_children()) > len(children_before)  # the worker process is up
+            wb.wait(timeout=300)
+            results = wb.stop()
+    assert wb.state is State.CLOSED
+    assert results["trainer"].steps == 40
+    assert results["maker"].rounds[-1].model_step == 40
+    leftover = [p for p in _children() if p.pid not in children_before]
+    for p in leftover:  # give the nanny's worker a moment to be reaped
+        try:
+            p.wait(timeout=10)
+        except psutil.TimeoutExpired:
+            pass
+    assert [(p.pid, p.cmdline()) for p in _children() if p.pid not in children_before] == []
+    assert _threads() - threads_before == set()
