@@ -1,0 +1,265 @@
+"""The curriculum's trainer and knowledge maker.
+
+- :class:`DifficultyMaker` loads the newest model version and scores every training example:
+  ``difficulty`` (the pluggable scorer against the given label), ``pseudo_label`` and ``confidence``
+  (the prediction), ``disagree_rounds`` (consecutive rounds rejecting the given label at high
+  confidence) and ``clean_difficulty`` (the score against the label a cleaning trainer uses). Rows
+  are written with the version's ``model_step`` and the maker's name as provenance.
+- :class:`CurriculumTrainer` trains on batches from a :class:`~paradigms.curriculum.sampler.CurriculumSampler`
+  fed with the bank's current scores; with cleaning on, flagged examples are relabelled or down-weighted.
+  It reports the planned pacing, the admitted fraction and the realised sampling every step.
+
+Both work without a bank too (the trainer then samples uniformly: the baseline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from carls_dask.runtime.channel import ModelVersion
+from carls_dask.runtime.context import LoopContext
+from carls_dask.runtime.maker import KnowledgeMaker
+from carls_dask.runtime.trainer import Trainer
+from paradigms.curriculum.cleaning import clean_targets, detection_quality
+from paradigms.curriculum.sampler import CurriculumSampler
+from paradigms.curriculum.scoring import get_scorer
+from paradigms.curriculum.settings import TABLE, CurriculumSettings, load_data, make_model
+from storage.errors import ConfigError
+
+__all__ = ["BANK_COLUMNS", "CurriculumTrainer", "DifficultyMaker", "difficulty_table", "evaluate"]
+
+BANK_COLUMNS = ("difficulty", "clean_difficulty", "pseudo_label", "confidence", "disagree_rounds")
+
+
+def difficulty_table(name: str = TABLE) -> Any:
+    """The bank table the curriculum writes: one row per training example."""
+    from carls_dask.bank.schema import Column, TableSpec
+
+    return TableSpec(name, columns=(
+        Column("difficulty", dtype="float32", shape=(), dims=()),
+        Column("clean_difficulty", dtype="float32", shape=(), dims=()),
+        Column("pseudo_label", dtype="int64", shape=(), dims=()),
+        Column("confidence", dtype="float32", shape=(), dims=()),
+        Column("disagree_rounds", dtype="int64", shape=(), dims=()),
+    ), optimizer=None)
+
+
+def _logits(model: Any, x: Any, batch: int = 4096) -> np.ndarray:
+    import torch
+
+    model.eval()
+    outs = []
+    with torch.no_grad():
+        for i in range(0, x.shape[0], batch):
+            outs.append(model(x[i:i + batch]).cpu().numpy())
+    model.train()
+    return np.concatenate(outs).astype(np.float32)
+
+
+def evaluate(model: Any, x: Any, y: np.ndarray) -> float:
+    """Accuracy of ``model`` on images ``x`` (a tensor) against labels ``y``."""
+    return float((_logits(model, x).argmax(axis=1) == y).mean())
+
+
+class CurriculumTrainer(Trainer):
+    """Trains the classifier on paced, optionally cleaned batches; see the module docstring.
+
+    Parameters
+    ----------
+    settings
+        The run's :class:`~paradigms.curriculum.settings.CurriculumSettings`; its ``steps`` and
+        ``publish_every`` set the loop's.
+    name
+        Loop name.
+    """
+
+    def __init__(self, settings: CurriculumSettings, name: str = "trainer") -> None:
+        super().__init__(name, max_steps=settings.steps, publish_every=settings.publish_every)
+        self.settings = settings
+
+    def setup(self, ctx: LoopContext) -> None:
+        import torch
+
+        s = self.settings
+        data = load_data(s)
+        self.device = torch.device(ctx.device)
+        self.x = torch.from_numpy(data.images.x_train).to(self.device)
+        self.x_test = torch.from_numpy(data.images.x_test).to(self.device)
+        self.y_test = data.images.y_test
+        self.given = data.labels.labels
+        self.noisy = data.labels.flipped
+        self.clean = data.labels.clean
+        self.keys = np.arange(self.given.shape[0], dtype=np.int64)
+        self.targets = torch.from_numpy(self.given.copy()).to(self.device)
+        self.weights = torch.ones(self.given.shape[0], device=self.device)
+        self.model = make_model(s, data.images.image_shape, data.images.n_classes).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=s.lr)
+        pacing = s.make_pacing()
+        self.sampler = CurriculumSampler(int(self.given.shape[0]), s.batch_size, pacing, seed=s.seed)
+        self.rule = s.rule()
+        self.use_bank = ctx.bank is not None and (s.pacing != "uniform" or s.clean != "none")
+        self.knowledge: dict[str, float] = {}
+        self.history: list[dict[str, float]] = []
+
+    def refresh(self, step: int) -> None:
+        """Read every example's newest scores from the bank and hand them to the sampler and the loss."""
+        import torch
+
+        assert self.ctx is not None
+        got = self.ctx.bank.lookup(TABLE, self.keys, columns=list(BANK_COLUMNS))
+        found = np.asarray(got.found, dtype=bool)
+        if not found.any():
+            self.knowledge = {"scored_fraction": 0.0}
+            return
+        v = got.values
+        flagged = found & self.rule.flagged(v["disagree_rounds"])
+        score = v["clean_difficulty"] if self.settings.clean != "none" else v["difficulty"]
+        self.sampler.set_difficulty(np.where(found, score, np.nan))
+        labels, weights = clean_targets(self.given, v["pseudo_label"], flagged, self.settings.clean,
+                                        self.settings.flagged_weight)
+        self.sampler.set_excluded(weights == 0)
+        self.targets = torch.from_numpy(labels).to(self.device)
+        self.weights = torch.from_numpy(weights).to(self.device)
+        q = detection_quality(flagged, self.noisy)
+        steps_behind = step - np.asarray(got.model_step)[found]
+        self.knowledge = {
+            "scored_fraction": float(found.mean()),
+            "flagged_fraction": q["flagged_fraction"],
+            "flag_precision": q["precision"],
+            "flag_recall": q["recall"],
+            "label_accuracy": float((labels == self.clean).mean()),
+            "scores_steps_behind": float(steps_behind.mean()),
+            "scores_age_s": float(np.nanmean(np.asarray(got.age)[found])),
+        }
+
+    def step(self, step: int) -> Mapping[str, float]:
+        import torch
+
+        if self.use_bank and step % self.settings.refresh_every == 0:
+            self.refresh(step)
+        self.sampler.set_step(step)
+        idx = torch.from_numpy(self.sampler.next_batch()).to(self.device)
+        logits = self.model(self.x[idx])
+        per = torch.nn.functional.cross_entropy(logits, self.targets[idx], reduction="none")
+        w = self.weights[idx]
+        loss = (per * w).sum() / w.sum().clamp_min(1e-6)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        out = {"loss": float(loss.detach()), **self.sampler.last, **self.knowledge}
+        every = self.settings.eval_every
+        if every and (step + 1) % every == 0:
+            out["test_accuracy"] = evaluate(self.model, self.x_test, self.y_test)
+            self.history.append({"step": float(step + 1), "test_accuracy": out["test_accuracy"]})
+        return out
+
+    def state(self) -> dict[str, Any]:
+        out = super().state()
+        out["sampler"] = self.sampler.state_dict()
+        return out
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        super().load_state(state)
+        if "sampler" in state:
+            self.sampler.load_state_dict(dict(state["sampler"]))
+
+    def finish(self) -> dict[str, Any]:
+        return {"test_accuracy": evaluate(self.model, self.x_test, self.y_test),
+                "train_accuracy_clean": float((_logits(self.model, self.x).argmax(axis=1) == self.clean).mean()),
+                **self.knowledge, "history": self.history}
+
+
+class DifficultyMaker(KnowledgeMaker):
+    """Scores every training example with the newest model and writes the scores to the bank.
+
+    Parameters
+    ----------
+    settings
+        The run's settings (data, scorer, cleaning rule).
+    name, source, max_rounds, final_pass
+        See :class:`~carls_dask.runtime.maker.KnowledgeMaker`.
+    snapshot_dir
+        Bank store folder; when given, the maker snapshots the bank every ``snapshot_every`` rounds.
+    snapshot_every
+        Rounds between snapshots.
+    part, parts
+        This maker scores the examples whose index ``% parts == part``, so ``parts`` makers share the
+        data set between them.
+    """
+
+    def __init__(self, settings: CurriculumSettings, name: str = "maker", *, source: str | None = None,
+                 max_rounds: int | None = None, final_pass: bool = True, snapshot_dir: str | None = None,
+                 snapshot_every: int = 1, part: int = 0, parts: int = 1) -> None:
+        super().__init__(name, source=source, max_rounds=max_rounds, final_pass=final_pass)
+        if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1 or not 0 <= part < parts:
+            raise ConfigError(f"DifficultyMaker {name!r}: part={part!r}, parts={parts!r}; expected 0 <= part < parts")
+        self.part = part
+        self.parts = parts
+        self.settings = settings
+        self.snapshot_dir = snapshot_dir
+        self.snapshot_every = max(1, int(snapshot_every))
+        self.rounds = 0
+        self.snapshots: list[int] = []
+
+    def setup(self, ctx: LoopContext) -> None:
+        import torch
+
+        s = self.settings
+        data = load_data(s)
+        self.device = torch.device(ctx.device)
+        self.keys = np.arange(data.labels.labels.shape[0], dtype=np.int64)[self.part::self.parts]
+        self.x = torch.from_numpy(data.images.x_train[self.keys]).to(self.device)
+        self.given = data.labels.labels[self.keys]
+        self.clean = data.labels.clean[self.keys]
+        self.noisy = data.labels.flipped[self.keys]
+        self.model = make_model(s, data.images.image_shape, data.images.n_classes).to(self.device)
+        self.scorer = get_scorer(s.scorer)
+        self.rule = s.rule()
+
+    def load_model(self, state: Mapping[str, Any], version: ModelVersion) -> None:
+        self.model.load_state_dict(state)
+
+    def score(self, previous_rounds: np.ndarray) -> dict[str, np.ndarray]:
+        """The bank columns for every training example with the loaded model (pure given the model)."""
+        logits = _logits(self.model, self.x)
+        z = logits - logits.max(axis=1, keepdims=True)
+        prob = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+        pred = prob.argmax(axis=1).astype(np.int64)
+        conf = prob.max(axis=1).astype(np.float32)
+        rounds = self.rule.disagree_rounds(self.given, pred, conf, previous_rounds)
+        flagged = self.rule.flagged(rounds)
+        used = np.where(flagged, pred, self.given)
+        return {"difficulty": self.scorer(logits, self.given), "clean_difficulty": self.scorer(logits, used),
+                "pseudo_label": pred, "confidence": conf, "disagree_rounds": rounds}
+
+    def make(self, version: ModelVersion) -> Mapping[str, float]:
+        assert self.ctx is not None
+        bank = self.ctx.bank
+        if bank is None:
+            previous = np.zeros(self.keys.shape[0], dtype=np.int64)
+        else:
+            got = bank.lookup(TABLE, self.keys, columns=["disagree_rounds"])
+            previous = np.where(got.found, got.values["disagree_rounds"], 0)
+        cols = self.score(previous)
+        if bank is not None:
+            bank.update(TABLE, self.keys, cols, model_step=int(version.step), maker=self.name)
+        self.rounds += 1
+        if bank is not None and self.snapshot_dir is not None and self.rounds % self.snapshot_every == 0:
+            self.snapshots.append(int(bank.snapshot(self.snapshot_dir, int(version.step))))
+        flagged = self.rule.flagged(cols["disagree_rounds"])
+        q = detection_quality(flagged, self.noisy)
+        pred = cols["pseudo_label"]
+        relabel_ok = float((pred[flagged] == self.clean[flagged]).mean()) if flagged.any() else float("nan")
+        return {
+            "train_accuracy_clean": float((pred == self.clean).mean()),
+            "mean_difficulty": float(np.mean(cols["difficulty"])),
+            "flag_precision": q["precision"], "flag_recall": q["recall"],
+            "flagged_fraction": q["flagged_fraction"],
+            "pl_precision": relabel_ok, "pl_coverage": q["flagged_fraction"],
+        }
+
+    def finish(self) -> dict[str, Any]:
+        return {"rounds": self.rounds, "snapshots": self.snapshots}

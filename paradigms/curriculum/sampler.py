@@ -1,0 +1,123 @@
+"""A PyTorch batch sampler that follows a pacing function over the bank's current difficulty scores."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from paradigms.curriculum.pacing import Pacing
+from storage.errors import ConfigError, InvalidShapeError
+
+__all__ = ["CurriculumSampler"]
+
+
+class CurriculumSampler(Sampler[list[int]]):
+    """Yields batches of example indices drawn uniformly from the examples the pacing admits.
+
+    Use it as a ``batch_sampler`` of a :class:`torch.utils.data.DataLoader` (with ``num_workers=0``,
+    so that score and step updates reach it at once). It never ends: a trainer takes one batch
+    per step. Between batches the trainer calls :meth:`set_step` and, when new scores arrive,
+    :meth:`set_difficulty`; examples with weight 0 (:meth:`set_excluded`) are never drawn.
+
+    Parameters
+    ----------
+    n
+        Number of training examples.
+    batch_size
+        Examples per batch (drawn without replacement while the admitted set is large enough).
+    pacing
+        The pacing function.
+    seed
+        Seed of the draws; equal seeds, steps and scores give equal batches.
+
+    Attributes
+    ----------
+    last
+        What the last batch realised: ``pacing`` (planned fraction), ``admitted_fraction``,
+        ``sampled_fraction`` (distinct examples drawn so far / n) and ``batch_rank`` (mean difficulty
+        percentile of the batch among the scored examples, 0 = easiest; NaN before any scores).
+    """
+
+    def __init__(self, n: int, batch_size: int, pacing: Pacing, seed: int = 0) -> None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"CurriculumSampler: n={n!r}; expected a positive number of examples")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"CurriculumSampler: batch_size={batch_size!r}; expected a positive int")
+        if not isinstance(pacing, Pacing):
+            raise ConfigError(f"CurriculumSampler: pacing must be a Pacing, got {type(pacing).__name__}")
+        self.n = n
+        self.batch_size = batch_size
+        self.pacing = pacing
+        self.step = 0
+        self.rng = np.random.default_rng(seed)
+        self.difficulty = np.full(n, np.nan, dtype=np.float64)
+        self.rank = np.full(n, np.nan, dtype=np.float64)
+        self.excluded = np.zeros(n, dtype=bool)
+        self.seen = np.zeros(n, dtype=bool)
+        self.last: dict[str, float] = {}
+
+    def set_step(self, step: int) -> None:
+        """The trainer step the next batch is for."""
+        self.step = int(step)
+
+    def set_difficulty(self, difficulty: np.ndarray) -> None:
+        """New scores, ``float[n]`` (NaN for examples not scored yet)."""
+        d = np.asarray(difficulty, dtype=np.float64)
+        if d.shape != (self.n,):
+            raise InvalidShapeError(f"CurriculumSampler.set_difficulty: got shape {d.shape}; expected ({self.n},)")
+        self.difficulty = d.copy()
+        finite = np.isfinite(d)
+        self.rank = np.full(self.n, np.nan)
+        if finite.any():
+            order = np.argsort(np.where(finite, d, np.inf), kind="stable")
+            k = int(finite.sum())
+            self.rank[order[:k]] = np.arange(k) / max(k - 1, 1)
+
+    def set_excluded(self, excluded: np.ndarray) -> None:
+        """``bool[n]``: examples never to draw (e.g. loss weight 0)."""
+        e = np.asarray(excluded, dtype=bool)
+        if e.shape != (self.n,):
+            raise InvalidShapeError(f"CurriculumSampler.set_excluded: got shape {e.shape}; expected ({self.n},)")
+        self.excluded = e.copy()
+
+    def admitted(self) -> np.ndarray:
+        """``bool[n]``: the examples the pacing admits at the current step, less the excluded ones."""
+        mask = self.pacing.admit(self.difficulty, self.step) & ~self.excluded
+        if not mask.any():  # everything admitted is excluded: fall back to what is not excluded
+            mask = ~self.excluded if (~self.excluded).any() else np.ones(self.n, dtype=bool)
+        return mask
+
+    def next_batch(self) -> np.ndarray:
+        """Draw one batch (``int64[batch_size]``) and record what it realised in :attr:`last`."""
+        mask = self.admitted()
+        pool = np.flatnonzero(mask)
+        batch = self.rng.choice(pool, size=self.batch_size, replace=pool.size < self.batch_size)
+        self.seen[batch] = True
+        ranks = self.rank[batch]
+        self.last = {
+            "pacing": self.pacing.planned(self.step),
+            "admitted_fraction": float(pool.size / self.n),
+            "sampled_fraction": float(self.seen.mean()),
+            "batch_rank": float(np.nanmean(ranks)) if np.isfinite(ranks).any() else float("nan"),
+        }
+        return batch.astype(np.int64)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        while True:
+            yield self.next_batch().tolist()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What :meth:`load_state_dict` needs to continue with the same draws."""
+        return {"step": self.step, "rng": self.rng.bit_generator.state, "seen": self.seen.copy(),
+                "difficulty": self.difficulty.copy(), "excluded": self.excluded.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`."""
+        self.step = int(state["step"])
+        self.rng.bit_generator.state = state["rng"]
+        self.seen = np.asarray(state["seen"], dtype=bool).copy()
+        self.set_difficulty(state["difficulty"])
+        self.set_excluded(state["excluded"])
