@@ -1,0 +1,89 @@
+"""A trainer, a maker and bank shards on dask-jobqueue SLURMCluster workers of a real local Slurm.
+
+``scripts/services-up`` (called by ``./dev test``) starts munged, slurmctld and slurmd on this
+machine; the test skips, saying so, only when no Slurm controller answers.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+import dask.config
+import numpy as np
+import pytest
+
+from carls_dask.runtime import State, Workbench
+from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer, digits_table
+
+pytestmark = pytest.mark.slurm
+
+PARTITION = os.environ.get("SLURM_CI_PARTITION", "debug")
+
+
+def _controller_answers() -> str | None:
+    """``None`` when a controller and an idle node answer, else the reason they do not."""
+    if shutil.which("scontrol") is None:
+        return "no Slurm client (scontrol) installed; ./dev test installs it and starts Slurm via scripts/services-up"
+    try:
+        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=15)
+        if ping.returncode != 0:
+            said = (ping.stdout.strip() or ping.stderr.strip()).splitlines()
+            return f"no Slurm controller answers `scontrol ping` ({said[0] if said else 'no output'})"
+        nodes = subprocess.run(["sinfo", "-h", "-p", PARTITION, "-o", "%t"], capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"Slurm did not answer: {exc!r}"
+    if not any(s.startswith(("idle", "mix")) for s in nodes.stdout.split()):
+        return f"no idle node in partition {PARTITION!r} (sinfo: {nodes.stdout.strip()!r})"
+    return None
+
+
+def _our_jobs(name: str) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i %T"], capture_output=True, text=True, timeout=15)
+    return out.stdout.split("\n") if out.stdout.strip() else []
+
+
+def test_trainer_maker_and_bank_on_slurm_workers(tmp_path: pathlib.Path) -> None:
+    reason = _controller_answers()
+    if reason is not None:
+        pytest.skip(reason)
+    job_name = f"carls-test-{os.getpid()}"
+    options = {
+        "cores": 1, "processes": 1, "memory": "3GB", "walltime": "00:15:00", "queue": PARTITION,
+        "job_name": job_name,
+        "python": sys.executable,  # the compute node is this machine: same venv path
+        "interface": "lo",
+        "log_directory": str(tmp_path / "slurm-logs"),
+        "death_timeout": 60,
+        "scheduler_options": {"dashboard_address": ":0"},
+    }
+    settings = {"carls.cluster.kind": "jobqueue", "carls.cluster.jobqueue.system": "slurm",
+                "carls.cluster.jobqueue.jobs": 2, "carls.cluster.start-timeout": "180s"}
+    with dask.config.set(settings), Workbench(run_dir=tmp_path / "run", progress=False, cluster_options=options) as wb:
+        assert type(wb.cluster).__name__ == "SLURMCluster"
+        jobs = wb.client.run(lambda: os.environ.get("SLURM_JOB_ID"))
+        assert len(jobs) == 2 and len(set(jobs.values())) == 2 and all(jobs.values())  # two real Slurm jobs
+        bank = wb.create_bank([digits_table()], n_shards=2)
+        wb.submit_trainer(DigitsTrainer("trainer", max_steps=60, publish_every=15, lr=0.02))
+        wb.submit_maker(DigitsMaker("maker"))
+        wb.wait(timeout=300)
+        results = wb.stop(timeout=60)
+        got = bank.lookup("digits", np.arange(100, dtype=np.int64), columns=["pseudo_label"])
+        workers_with_shards = {a for a, n in wb.client.run(
+            lambda dask_worker: len(dask_worker.state.actors)).items() if n}
+        assert len(workers_with_shards) == 2  # shards spread over both Slurm workers
+    assert wb.state is State.CLOSED
+    assert results["trainer"].steps == 60
+    assert results["trainer"].value["bank_hits"] > 0
+    assert results["maker"].versions == sorted(set(results["maker"].versions))
+    assert results["maker"].rounds[-1].model_step == 60
+    assert got.found.all() and (got.model_step == 60).all()
+    # closing the Workbench cancelled its Slurm jobs
+    deadline = time.monotonic() + 60
+    while _our_jobs(job_name) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _our_jobs(job_name) == []
