@@ -1,0 +1,15 @@
+"""Paradigm 1, semi-supervised learning: graph regularization through the bank, and pseudo labels.
+
+- :mod:`~paradigms.semi_supervised.core`: the pure trainer core (:class:`SemiSupervisedConfig`,
+  :class:`NodeClassifierCore`) with the ``base``, ``in-graph`` and ``bank`` variants;
+- :mod:`~paradigms.semi_supervised.loss`, :mod:`~paradigms.semi_supervised.pseudo_labels`,
+  :mod:`~paradigms.semi_supervised.neighbours`, :mod:`~paradigms.semi_supervised.model`: its parts;
+- :mod:`~paradigms.semi_supervised.loops`: the bank-backed trainer and the two knowledge makers;
+- :mod:`~paradigms.semi_supervised.run`: :func:`run_semi_supervised` and ``carls-dask run semi-supervised``.
+"""
+
+from __future__ import annotations
+
+from paradigms.semi_supervised.core import NodeClassifierCore, SemiSupervisedConfig
+
+__all__ = ["NodeClassifierCore", "SemiSupervisedConfig"]

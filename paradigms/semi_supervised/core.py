@@ -1,0 +1,266 @@
+"""The trainer's pure core: one model, one optimizer, one step at a time; no Dask, no bank.
+
+The three variants differ only in where neighbour outputs come from:
+
+* ``base``: no graph term;
+* ``in-graph``: a forward pass over every neighbour slot inside the step (NSL style, cost grows with K);
+* ``bank``: the caller passes neighbour logits it looked up (one batched lookup, cost nearly flat in K).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from paradigms.data.planetoid import PlanetoidGraph
+from paradigms.semi_supervised.loss import DISTANCES, graph_regularization, pseudo_label_loss
+from paradigms.semi_supervised.model import MLP
+from paradigms.semi_supervised.neighbours import NeighbourTable, build_neighbour_table
+from storage.errors import ConfigError, InvalidShapeError
+
+__all__ = ["MODES", "NodeClassifierCore", "SemiSupervisedConfig", "expand_neighbour_rows"]
+
+MODES = ("base", "in-graph", "bank")
+
+
+@dataclasses.dataclass
+class SemiSupervisedConfig:
+    """Hyper-parameters shared by every variant.
+
+    Attributes
+    ----------
+    dataset
+        ``"cora"`` or ``"citeseer"``.
+    mode
+        ``"base"``, ``"in-graph"`` or ``"bank"``.
+    k
+        Neighbour slots per node.
+    steps
+        Optimizer steps of one run.
+    hidden, dropout, lr, weight_decay
+        The MLP and its Adam optimizer.
+    unlabelled_batch
+        Unlabelled nodes drawn per step beside all labelled-train nodes (the graph term covers both).
+    graph_weight
+        Multiplier of the graph-regularization term.
+    distance
+        ``"kl"`` or ``"l2"`` (see :func:`graph_regularization`).
+    pseudo_labels
+        Add the pseudo-label term (bank mode only: pseudo labels come from a maker).
+    pseudo_weight
+        Multiplier of the pseudo-label term.
+    threshold
+        Confidence a prediction needs to become a pseudo label.
+    eval_every
+        Steps between validation evaluations (the best-validation model is the one reported).
+    seed
+        Seed of weights, dropout and batch sampling.
+    neighbour_seed
+        Seed of the neighbour-table sampling.
+    """
+
+    dataset: str = "cora"
+    mode: str = "bank"
+    k: int = 5
+    steps: int = 300
+    hidden: tuple[int, ...] = (64,)
+    dropout: float = 0.5
+    lr: float = 0.01
+    weight_decay: float = 5e-4
+    unlabelled_batch: int = 512
+    graph_weight: float = 1.0
+    distance: str = "kl"
+    pseudo_labels: bool = False
+    pseudo_weight: float = 0.5
+    threshold: float = 0.9
+    eval_every: int = 10
+    seed: int = 0
+    neighbour_seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.hidden = tuple(int(h) for h in self.hidden)
+        checks: Sequence[tuple[bool, str]] = (
+            (self.mode in MODES, f"mode {self.mode!r}, expected one of {MODES}"),
+            (self.distance in DISTANCES, f"distance {self.distance!r}, expected one of {DISTANCES}"),
+            (int(self.k) >= 1, f"k {self.k!r}, expected an integer >= 1"),
+            (int(self.steps) >= 1, f"steps {self.steps!r}, expected an integer >= 1"),
+            (int(self.eval_every) >= 1, f"eval_every {self.eval_every!r}, expected an integer >= 1"),
+            (int(self.unlabelled_batch) >= 0, f"unlabelled_batch {self.unlabelled_batch!r}, expected >= 0"),
+            (0.0 <= self.dropout < 1.0, f"dropout {self.dropout!r}, expected a value in [0, 1)"),
+            (self.lr > 0, f"lr {self.lr!r}, expected > 0"),
+            (0.0 < self.threshold <= 1.0, f"threshold {self.threshold!r}, expected a value in (0, 1]"),
+            (not (self.pseudo_labels and self.mode != "bank"), "pseudo_labels need mode 'bank'"),
+        )
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(f"semi-supervised config: {msg}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings as a JSON-able dict."""
+        d = dataclasses.asdict(self)
+        d["hidden"] = list(self.hidden)
+        return d
+
+
+def expand_neighbour_rows(
+    slot_keys: np.ndarray, row_keys: np.ndarray, rows: np.ndarray, found: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Spread rows looked up once per unique key back onto ``[B, K]`` neighbour slots.
+
+    Parameters
+    ----------
+    slot_keys
+        ``int64[B, K]`` neighbour ids, ``-1`` for empty slots.
+    row_keys
+        ``int64[u]`` the sorted unique keys that were looked up.
+    rows
+        ``[u, ...]`` the looked-up values, aligned with ``row_keys``.
+    found
+        ``bool[u]`` whether the bank held each key.
+
+    Returns
+    -------
+    values, present
+        ``[B, K, ...]`` values (zeros where absent) and ``bool[B, K]`` slots with a found row.
+    """
+    if rows.shape[0] != row_keys.shape[0] or found.shape != row_keys.shape:
+        raise InvalidShapeError(
+            f"neighbour rows: {rows.shape[0]} rows and {found.shape} found flags for {row_keys.shape[0]} keys"
+        )
+    pos = np.searchsorted(row_keys, slot_keys).clip(0, max(len(row_keys) - 1, 0))
+    valid = slot_keys >= 0
+    if len(row_keys):
+        valid &= row_keys[pos] == slot_keys
+        present = valid & found[pos]
+        values = rows[pos]
+    else:
+        present = np.zeros(slot_keys.shape, dtype=bool)
+        values = np.zeros((*slot_keys.shape, *rows.shape[1:]), dtype=rows.dtype)
+    values = np.where(present.reshape(*present.shape, *([1] * (rows.ndim - 1))), values, 0)
+    return values, present
+
+
+class NodeClassifierCore:
+    """Trains an :class:`MLP` on a :class:`PlanetoidGraph` one step at a time.
+
+    Parameters
+    ----------
+    graph
+        The data set.
+    config
+        Hyper-parameters.
+    """
+
+    def __init__(self, graph: PlanetoidGraph, config: SemiSupervisedConfig) -> None:
+        self.graph = graph
+        self.config = config
+        torch.manual_seed(config.seed)
+        self.rng = np.random.default_rng(config.seed)
+        self.model = MLP(graph.n_features, graph.n_classes, config.hidden, config.dropout)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.x = torch.from_numpy(graph.features)
+        self.y = torch.from_numpy(graph.labels)
+        self.table: NeighbourTable = build_neighbour_table(graph.adjacency_lists(), config.k, config.neighbour_seed)
+        self.unlabelled = graph.unlabelled()
+        self.step_count = 0
+        self.best_val = -1.0
+        self.best_step = 0
+        self.best_state: dict[str, torch.Tensor] = copy.deepcopy(self.model.state_dict())
+
+    def sample_batch(self) -> np.ndarray:
+        """All labelled-train nodes first, then ``unlabelled_batch`` random other nodes."""
+        n = min(self.config.unlabelled_batch, len(self.unlabelled))
+        extra = self.rng.choice(self.unlabelled, size=n, replace=False) if n else np.zeros(0, dtype=np.int64)
+        return np.concatenate([self.graph.train, extra]).astype(np.int64)
+
+    def neighbour_keys(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(slot_keys[B, K], weights[B, K], unique_keys[u])`` of a batch's neighbours."""
+        keys, weights = self.table.gather(batch)
+        return keys, weights, np.unique(keys[keys >= 0])
+
+    def train_step(
+        self,
+        batch: np.ndarray,
+        neighbour_logits: np.ndarray | None = None,
+        neighbour_present: np.ndarray | None = None,
+        pseudo_labels: np.ndarray | None = None,
+        pseudo_confidence: np.ndarray | None = None,
+    ) -> dict[str, float]:
+        """Run one optimizer step on ``batch`` and return its loss terms.
+
+        In ``bank`` mode, ``neighbour_logits[B, K, C]`` and ``neighbour_present[B, K]`` must be given;
+        ``pseudo_labels[B]`` (``-1`` = none) and ``pseudo_confidence[B]`` add the pseudo-label term.
+        """
+        cfg = self.config
+        n_train = len(self.graph.train)
+        self.model.train()
+        logits = self.model(self.x[batch])
+        ce = F.cross_entropy(logits[:n_train], self.y[batch[:n_train]])
+        loss = ce
+        out = {"ce": float(ce.detach())}
+        if cfg.mode != "base":
+            keys, weights = self.table.gather(batch)
+            w = torch.from_numpy(weights)
+            if cfg.mode == "in-graph":
+                nb = self.model(self.x[keys.clip(min=0).reshape(-1)]).reshape(len(batch), cfg.k, -1)
+            else:
+                if neighbour_logits is None or neighbour_present is None:
+                    raise ConfigError("train_step: bank mode needs neighbour_logits and neighbour_present")
+                if neighbour_logits.shape[:2] != keys.shape:
+                    raise InvalidShapeError(
+                        f"train_step: neighbour_logits {neighbour_logits.shape}, expected {(*keys.shape, logits.shape[1])}"
+                    )
+                nb = torch.from_numpy(np.ascontiguousarray(neighbour_logits, dtype=np.float32))
+                w = w * torch.from_numpy(neighbour_present.astype(np.float32))
+            g = graph_regularization(logits, nb, w, cfg.distance)
+            loss = loss + cfg.graph_weight * g
+            out["graph"] = float(g.detach())
+        if pseudo_labels is not None and pseudo_confidence is not None:
+            pl = torch.from_numpy(np.asarray(pseudo_labels, dtype=np.int64)).clone()
+            pl[:n_train] = -1  # true labels win on labelled nodes
+            p = pseudo_label_loss(logits, pl, torch.from_numpy(np.asarray(pseudo_confidence, dtype=np.float32)))
+            loss = loss + cfg.pseudo_weight * p
+            out["pseudo"] = float(p.detach())
+            out["pseudo_used"] = float((pl >= 0).sum())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.step_count += 1
+        out["loss"] = float(loss.detach())
+        return out
+
+    @torch.no_grad()
+    def predict_logits(self) -> np.ndarray:
+        """Logits of every node with the current weights (evaluation mode)."""
+        self.model.eval()
+        return self.model(self.x).numpy()
+
+    def evaluate(self) -> dict[str, float]:
+        """Validation and test accuracy now; keeps the weights with the best validation accuracy."""
+        pred = self.predict_logits().argmax(1)
+        labels = self.graph.labels
+        val = float((pred[self.graph.val] == labels[self.graph.val]).mean())
+        test = float((pred[self.graph.test] == labels[self.graph.test]).mean())
+        if val > self.best_val:
+            self.best_val, self.best_step = val, self.step_count
+            self.best_state = copy.deepcopy(self.model.state_dict())
+        return {"val_acc": val, "test_acc": test}
+
+    def best_test_accuracy(self) -> float:
+        """Test accuracy of the weights that had the best validation accuracy."""
+        current = copy.deepcopy(self.model.state_dict())
+        self.model.load_state_dict(self.best_state)
+        pred = self.predict_logits().argmax(1)
+        self.model.load_state_dict(current)
+        t = self.graph.test
+        return float((pred[t] == self.graph.labels[t]).mean())
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """A detached copy of the model weights (what is published to makers)."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}

@@ -1,0 +1,252 @@
+"""The bank-backed trainer and its two knowledge makers, as runtime loops.
+
+- :class:`GraphTrainer` trains the MLP. In ``bank`` mode each step looks up the logits of its
+  batch's neighbours (the maker's newest outputs, for every node, test nodes included) in ONE
+  batched bank call over the unique neighbour ids, with their age; with pseudo labels on, a second
+  lookup reads the pseudo labels of the batch's unlabelled nodes. ``base`` and ``in-graph`` modes
+  use no bank (they are the baselines).
+- :class:`NeighbourMaker` loads the newest published model and writes the embedding and logits of
+  every node to the ``nodes`` table, with ``model_step`` and its name as provenance.
+- :class:`PseudoLabelMaker` labels the unlabelled nodes whose confidence passes the threshold,
+  writes label + confidence to the ``pseudo_labels`` table (and deletes labels that no longer
+  pass), and reports precision and coverage against held-out truth that training never sees.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from carls_dask.runtime.channel import ModelVersion
+from carls_dask.runtime.context import LoopContext
+from carls_dask.runtime.maker import KnowledgeMaker
+from carls_dask.runtime.trainer import Trainer
+from paradigms.data.planetoid import PlanetoidGraph, load_planetoid
+from paradigms.semi_supervised.core import NodeClassifierCore, SemiSupervisedConfig, expand_neighbour_rows
+from paradigms.semi_supervised.pseudo_labels import pseudo_label_quality, select_pseudo_labels
+from storage.errors import ConfigError
+
+__all__ = ["NODES_TABLE", "PSEUDO_TABLE", "GraphTrainer", "NeighbourMaker", "PseudoLabelMaker", "bank_tables"]
+
+logger = logging.getLogger(__name__)
+
+NODES_TABLE = "nodes"
+PSEUDO_TABLE = "pseudo_labels"
+
+
+def bank_tables(n_classes: int, embed_dim: int) -> list[Any]:
+    """The two tables of a run: ``nodes`` (embedding, logits) and ``pseudo_labels`` (label, confidence)."""
+    from carls_dask.bank.schema import Column, TableSpec
+
+    return [
+        TableSpec(NODES_TABLE, columns=(
+            Column("embedding", "float32", (embed_dim,), ("dim",), initializer="zeros"),
+            Column("logits", "float32", (n_classes,), ("class",), initializer="zeros"),
+        ), optimizer=None),
+        TableSpec(PSEUDO_TABLE, columns=(
+            Column("pseudo_label", "int64", (), ()),
+            Column("confidence", "float32", (), (), initializer="zeros"),
+        ), optimizer=None),
+    ]
+
+
+def _limit_threads(n: int) -> None:
+    import torch
+
+    if n > 0:
+        torch.set_num_threads(n)
+
+
+def _load(config: SemiSupervisedConfig, data_dir: str | os.PathLike[str] | None) -> PlanetoidGraph:
+    return load_planetoid(config.dataset, data_dir)
+
+
+class GraphTrainer(Trainer):
+    """Trains the MLP with the graph term (and pseudo labels) from the bank, or a baseline.
+
+    Parameters
+    ----------
+    name
+        Loop name (also its model channel's name).
+    config
+        The run's :class:`SemiSupervisedConfig`; ``config.steps`` is the step budget.
+    data_dir
+        Data folder (see :func:`~paradigms.data.planetoid.find_data_dir`); resolved on the worker.
+    publish_every
+        Steps between published model versions (``carls.runtime.publish-every`` when ``None``).
+    torch_threads
+        Intra-op threads torch may use in the loop (0 leaves torch's default).
+    """
+
+    def __init__(self, name: str = "trainer", config: SemiSupervisedConfig | None = None, *,
+                 data_dir: str | os.PathLike[str] | None = None, publish_every: int | None = 10,
+                 torch_threads: int = 1) -> None:
+        self.config = config or SemiSupervisedConfig()
+        super().__init__(name, max_steps=self.config.steps, publish_every=publish_every, keep_state=False)
+        self.data_dir = None if data_dir is None else str(data_dir)
+        self.torch_threads = int(torch_threads)
+
+    def setup(self, ctx: LoopContext) -> None:
+        _limit_threads(self.torch_threads)
+        if self.config.mode == "bank" and ctx.bank is None:
+            raise ConfigError(f"trainer {self.name!r}: mode 'bank' needs a Workbench bank (wb.create_bank first)")
+        self.graph = _load(self.config, self.data_dir)
+        self.core = NodeClassifierCore(self.graph, self.config)
+        self.model = self.core.model
+        self.optimizer = self.core.optimizer
+        self.bank = ctx.bank if self.config.mode == "bank" else None
+        self.step_seconds = 0.0
+        self.timed_steps = 0
+        self.lookups = 0
+        self.age_sum = 0.0
+        self.age_n = 0
+        self.last_eval: dict[str, float] = {}
+
+    def _bank_inputs(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+        assert self.bank is not None
+        slot_keys, _, unique = self.core.neighbour_keys(batch)
+        got = self.bank.lookup(NODES_TABLE, unique, columns=["logits"])
+        self.lookups += 1
+        found = np.asarray(got.found, dtype=bool)
+        if found.any():
+            self.age_sum += float(np.asarray(got.age)[found].sum())
+            self.age_n += int(found.sum())
+        logits, present = expand_neighbour_rows(slot_keys, unique, np.asarray(got.values["logits"]), found)
+        out = {"neighbour_logits": logits, "neighbour_present": present}
+        if self.config.pseudo_labels:
+            n_train = len(self.graph.train)
+            rest = batch[n_train:]
+            labels = np.full(len(batch), -1, dtype=np.int64)
+            conf = np.zeros(len(batch), dtype=np.float32)
+            if len(rest):
+                pl = self.bank.lookup(PSEUDO_TABLE, rest, columns=["pseudo_label", "confidence"])
+                ok = np.asarray(pl.found, dtype=bool)
+                labels[n_train:] = np.where(ok, np.asarray(pl.values["pseudo_label"]), -1)
+                conf[n_train:] = np.where(ok, np.asarray(pl.values["confidence"]), 0.0)
+            out["pseudo_labels"] = labels
+            out["pseudo_confidence"] = conf
+        return out
+
+    def step(self, step: int) -> Mapping[str, float]:
+        t0 = time.perf_counter()
+        batch = self.core.sample_batch()
+        inputs = self._bank_inputs(batch) if self.bank is not None else {}
+        out = self.core.train_step(batch, **inputs)
+        self.step_seconds += time.perf_counter() - t0
+        self.timed_steps += 1
+        if "neighbour_present" in inputs:
+            out["neighbour_found"] = float(inputs["neighbour_present"].sum() / max(1, (self.core.table.gather(batch)[0] >= 0).sum()))
+        if self.age_n:
+            out["neighbour_age_s"] = self.age_sum / self.age_n
+        if (step + 1) % self.config.eval_every == 0 or step + 1 == self.config.steps:
+            self.last_eval = self.core.evaluate()
+        out.update(self.last_eval)
+        return out
+
+    def finish(self) -> dict[str, Any]:
+        return {
+            "mode": self.config.mode,
+            "k": self.config.k,
+            "seed": self.config.seed,
+            "pseudo_labels": self.config.pseudo_labels,
+            "best_val_acc": self.core.best_val,
+            "best_step": self.core.best_step,
+            "test_acc": self.core.best_test_accuracy(),
+            "train_steps_per_s": self.timed_steps / self.step_seconds if self.step_seconds else float("nan"),
+            "steps": self.timed_steps,
+            "bank_lookups": self.lookups,
+            "mean_neighbour_age_s": self.age_sum / self.age_n if self.age_n else float("nan"),
+        }
+
+
+class _ModelMaker(KnowledgeMaker):
+    """Shared set-up of the makers: the graph and an MLP of the trainer's shape."""
+
+    def __init__(self, name: str, config: SemiSupervisedConfig | None = None, *, source: str | None = None,
+                 data_dir: str | os.PathLike[str] | None = None, torch_threads: int = 1) -> None:
+        super().__init__(name, source=source)
+        self.config = config or SemiSupervisedConfig()
+        self.data_dir = None if data_dir is None else str(data_dir)
+        self.torch_threads = int(torch_threads)
+
+    def setup(self, ctx: LoopContext) -> None:
+        import torch
+
+        from paradigms.semi_supervised.model import MLP
+
+        _limit_threads(self.torch_threads)
+        if ctx.bank is None:
+            raise ConfigError(f"maker {self.name!r}: needs a Workbench bank (wb.create_bank first)")
+        self.graph = _load(self.config, self.data_dir)
+        self.x = torch.from_numpy(self.graph.features)
+        self.keys = np.arange(self.graph.n_nodes, dtype=np.int64)
+        self.model = MLP(self.graph.n_features, self.graph.n_classes, self.config.hidden, self.config.dropout)
+        self.model.eval()
+
+    def load_model(self, state: Mapping[str, Any], version: ModelVersion) -> None:
+        self.model.load_state_dict(state)
+
+    def _forward(self) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        with torch.no_grad():
+            hidden = self.model.embed(self.x)
+            logits = self.model.head(hidden)
+        return hidden.numpy().astype(np.float32), logits.numpy().astype(np.float32)
+
+
+class NeighbourMaker(_ModelMaker):
+    """Writes every node's embedding and logits from the newest model to the ``nodes`` table."""
+
+    def __init__(self, name: str = "neighbour-maker", config: SemiSupervisedConfig | None = None, **kwargs: Any) -> None:
+        super().__init__(name, config, **kwargs)
+
+    def make(self, version: ModelVersion) -> Mapping[str, float]:
+        assert self.ctx is not None
+        hidden, logits = self._forward()
+        self.ctx.bank.update(NODES_TABLE, self.keys, {"embedding": hidden, "logits": logits},
+                             model_step=int(version.step), maker=self.name)
+        pred = logits.argmax(1)
+        test = self.graph.test
+        return {"rows": float(len(self.keys)), "test_acc": float((pred[test] == self.graph.labels[test]).mean())}
+
+
+class PseudoLabelMaker(_ModelMaker):
+    """Writes confident pseudo labels of unlabelled nodes; reports their precision and coverage.
+
+    Candidates are all nodes outside the labelled-train split. Truth is used only to measure
+    ``pl_precision`` (share of given labels that are right) and ``pl_coverage`` (share of
+    candidates labelled).
+    """
+
+    def __init__(self, name: str = "pseudo-labeller", config: SemiSupervisedConfig | None = None, **kwargs: Any) -> None:
+        super().__init__(name, config, **kwargs)
+
+    def setup(self, ctx: LoopContext) -> None:
+        super().setup(ctx)
+        self.candidates = self.graph.unlabelled()
+        self.current = np.zeros(0, dtype=np.int64)
+
+    def make(self, version: ModelVersion) -> Mapping[str, float]:
+        import torch
+
+        assert self.ctx is not None
+        _, logits = self._forward()
+        probs = torch.softmax(torch.from_numpy(logits), dim=1).numpy()
+        chosen = select_pseudo_labels(probs, self.candidates, self.config.threshold)
+        if len(chosen.keys):
+            self.ctx.bank.update(PSEUDO_TABLE, chosen.keys, {"pseudo_label": chosen.labels,
+                                                             "confidence": chosen.confidence},
+                                 model_step=int(version.step), maker=self.name)
+        dropped = np.setdiff1d(self.current, chosen.keys)
+        if len(dropped):
+            self.ctx.bank.delete(PSEUDO_TABLE, dropped)
+        self.current = chosen.keys
+        q = pseudo_label_quality(chosen, self.graph.labels)
+        return {"pl_precision": q["precision"], "pl_coverage": q["coverage"], "pl_count": q["count"],
+                "pl_dropped": float(len(dropped))}

@@ -1,0 +1,66 @@
+"""The graph-regularization term and the pseudo-label term of the loss."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from storage.errors import ConfigError
+
+__all__ = ["DISTANCES", "graph_regularization", "pseudo_label_loss"]
+
+DISTANCES = ("kl", "l2")
+
+
+def graph_regularization(
+    logits: torch.Tensor, neighbour_logits: torch.Tensor, weights: torch.Tensor, distance: str = "kl"
+) -> torch.Tensor:
+    """Weighted distance between each node's output and its neighbours' outputs.
+
+    Per node, the distances to its ``K`` neighbours are averaged with the slot weights; the result
+    is the mean over the nodes that have at least one weighted neighbour (0 when none has), so the
+    term does not grow with ``K``.
+
+    Parameters
+    ----------
+    logits
+        ``[B, C]`` the trainer's logits for its batch (carries the gradient).
+    neighbour_logits
+        ``[B, K, C]`` logits of each node's neighbours (from the bank, or a fresh forward pass).
+    weights
+        ``[B, K]`` slot weights; 0 marks an empty or unknown neighbour.
+    distance
+        ``"kl"``: KL(softmax(neighbour) || softmax(node)); ``"l2"``: squared distance of the
+        probability vectors.
+    """
+    if logits.ndim != 2 or neighbour_logits.shape[:1] != logits.shape[:1] or neighbour_logits.shape[2:] != logits.shape[1:]:
+        raise ConfigError(
+            f"graph_regularization: logits {tuple(logits.shape)} and neighbour_logits "
+            f"{tuple(neighbour_logits.shape)} must be [B, C] and [B, K, C]"
+        )
+    if weights.shape != neighbour_logits.shape[:2]:
+        raise ConfigError(f"graph_regularization: weights {tuple(weights.shape)}, expected {tuple(neighbour_logits.shape[:2])}")
+    log_p = F.log_softmax(logits, dim=-1).unsqueeze(1)  # [B, 1, C]
+    if distance == "kl":
+        log_q = F.log_softmax(neighbour_logits, dim=-1)
+        d = (log_q.exp() * (log_q - log_p)).sum(-1)  # [B, K]
+    elif distance == "l2":
+        d = (log_p.exp() - F.softmax(neighbour_logits, dim=-1)).pow(2).sum(-1)
+    else:
+        raise ConfigError(f"graph_regularization: distance {distance!r}, expected one of {DISTANCES}")
+    total = weights.sum(1)
+    has = total > 0
+    if not bool(has.any()):
+        return logits.new_zeros(())
+    per_node = (weights * d).sum(1)[has] / total[has]
+    return per_node.mean()
+
+
+def pseudo_label_loss(logits: torch.Tensor, labels: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:
+    """Confidence-weighted cross-entropy on pseudo-labelled nodes; rows with ``labels < 0`` are ignored."""
+    mask = labels >= 0
+    if not bool(mask.any()):
+        return logits.new_zeros(())
+    ce = F.cross_entropy(logits[mask], labels[mask], reduction="none")
+    w = confidence[mask]
+    return (w * ce).sum() / w.sum().clamp_min(1e-12)

@@ -1,0 +1,201 @@
+"""The pure parts of the semi-supervised paradigm: loader, neighbour table, loss, pseudo labels, core."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+
+from paradigms.data.planetoid import find_data_dir, load_planetoid
+from paradigms.semi_supervised.core import NodeClassifierCore, SemiSupervisedConfig, expand_neighbour_rows
+from paradigms.semi_supervised.loss import graph_regularization, pseudo_label_loss
+from paradigms.semi_supervised.neighbours import build_neighbour_table
+from paradigms.semi_supervised.pseudo_labels import pseudo_label_quality, select_pseudo_labels
+from storage.errors import ConfigError, CorruptStoreError, InvalidShapeError, StoreNotFoundError
+
+
+def _data_dir() -> pathlib.Path:
+    try:
+        return find_data_dir()
+    except StoreNotFoundError as exc:
+        pytest.skip(f"the Planetoid files are not present: {exc}")
+
+
+@pytest.fixture(scope="module")
+def cora():  # type: ignore[no-untyped-def]
+    return load_planetoid("cora", _data_dir())
+
+
+# -- loader -----------------------------------------------------------------------------------------
+def test_cora_has_the_planetoid_split(cora) -> None:  # type: ignore[no-untyped-def]
+    assert (cora.n_nodes, cora.n_features, cora.n_classes) == (2708, 1433, 7)
+    assert (len(cora.train), len(cora.val), len(cora.test)) == (140, 500, 1000)
+    assert cora.edges.shape == (2, 5278)
+    assert not set(cora.train) & set(cora.test) and not set(cora.val) & set(cora.test)
+    assert np.allclose(cora.features.sum(1)[cora.features.sum(1) > 0], 1.0, atol=1e-5)  # row-normalised
+    assert np.bincount(cora.labels[cora.train]).tolist() == [20] * 7  # 20 labels per class
+    adj = cora.adjacency_lists()
+    assert sum(len(a) for a in adj) == 2 * 5278  # each undirected edge seen from both ends
+    a, b = cora.edges[:, 0]
+    assert b in adj[a] and a in adj[b]
+    assert len(cora.unlabelled()) == 2708 - 140
+
+
+def test_citeseer_loads() -> None:
+    g = load_planetoid("CiteSeer", _data_dir(), normalize=False)
+    assert (g.n_nodes, g.n_features, g.n_classes) == (3327, 3703, 6)
+    assert (len(g.train), len(g.val), len(g.test)) == (120, 500, 1000)
+    assert set(np.unique(g.features)) <= {0.0, 1.0}
+
+
+def test_loader_errors_name_what_was_given(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match=r"'pubmed'.*cora, citeseer"):
+        load_planetoid("pubmed", tmp_path)
+    with pytest.raises(StoreNotFoundError, match=r"data_dir argument: " + str(tmp_path)):
+        load_planetoid("cora", tmp_path)
+    monkeypatch.setenv("CARLS_DATA_DIR", str(tmp_path / "nowhere"))
+    import dask.config
+
+    import paradigms.data.planetoid as planetoid
+
+    monkeypatch.setattr(planetoid, "_REPO_ROOT", tmp_path / "repo")
+
+    with dask.config.set({"carls.data.dir": str(tmp_path / "configured")}):
+        with pytest.raises(StoreNotFoundError) as info:
+            find_data_dir()
+    msg = str(info.value)
+    assert "carls.data.dir setting" in msg and "CARLS_DATA_DIR" in msg and str(tmp_path / "nowhere") in msg
+    assert str(tmp_path / "shared" / "data") in msg  # the last resort beside the repository
+    (tmp_path / "planetoid").mkdir()
+    with pytest.raises(StoreNotFoundError, match=r"cora\.npz"):
+        load_planetoid("cora", tmp_path)
+    np.savez(tmp_path / "planetoid" / "cora.npz", y=np.zeros(3))
+    with pytest.raises(CorruptStoreError, match=r"missing arrays.*x_data"):
+        load_planetoid("cora", tmp_path)
+
+
+def test_config_setting_and_env_var_are_used(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dask.config
+
+    (tmp_path / "a" / "planetoid").mkdir(parents=True)
+    (tmp_path / "b" / "planetoid").mkdir(parents=True)
+    monkeypatch.setenv("CARLS_DATA_DIR", str(tmp_path / "b"))
+    assert find_data_dir() == tmp_path / "b"
+    with dask.config.set({"carls.data.dir": str(tmp_path / "a")}):
+        assert find_data_dir() == tmp_path / "a"
+
+
+# -- neighbours -------------------------------------------------------------------------------------
+def test_neighbour_table_pads_and_samples_within_the_adjacency() -> None:
+    adj = [np.array([1, 2, 3]), np.array([0]), np.array([0]), np.array([0])]
+    t = build_neighbour_table(adj, 2, seed=3)
+    assert t.keys.shape == (4, 2)
+    assert set(t.keys[0]) < {1, 2, 3} and len(set(t.keys[0])) == 2  # without replacement
+    assert t.keys[1].tolist() == [0, -1] and t.weights[1].tolist() == [1.0, 0.0]
+    assert np.array_equal(t.keys, build_neighbour_table(adj, 2, seed=3).keys)  # reproducible
+    with pytest.raises(ConfigError, match="k must be at least 1, got 0"):
+        build_neighbour_table(adj, 0)
+
+
+def test_expand_neighbour_rows_maps_unique_rows_back_to_slots() -> None:
+    slots = np.array([[5, 9, -1], [9, 7, 5]])
+    uniq = np.array([5, 7, 9])
+    rows = np.array([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]], dtype=np.float32)
+    found = np.array([True, False, True])
+    values, present = expand_neighbour_rows(slots, uniq, rows, found)
+    assert present.tolist() == [[True, True, False], [True, False, True]]
+    assert values[:, :, 0].tolist() == [[1.0, 3.0, 0.0], [3.0, 0.0, 1.0]]
+    with pytest.raises(InvalidShapeError, match="2 rows"):
+        expand_neighbour_rows(slots, uniq, rows[:2], found)
+
+
+# -- loss -------------------------------------------------------------------------------------------
+def test_graph_regularization_is_zero_for_equal_outputs_and_ignores_empty_slots() -> None:
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
+    same = logits.unsqueeze(1).repeat(1, 3, 1)
+    w = torch.ones(2, 3)
+    assert float(graph_regularization(logits, same, w, "kl")) == pytest.approx(0.0, abs=1e-7)
+    assert float(graph_regularization(logits, same, w, "l2")) == pytest.approx(0.0, abs=1e-7)
+    other = same.clone()
+    other[:, 2] = torch.tensor([-5.0, 5.0])  # a far-away neighbour in slot 2 ...
+    assert float(graph_regularization(logits, other, w, "kl")) > 0.3  # one of three slots far away
+    w0 = w.clone()
+    w0[:, 2] = 0  # ... counts for nothing once its weight is 0
+    assert float(graph_regularization(logits, other, w0, "kl")) == pytest.approx(0.0, abs=1e-7)
+    # KL(q || p) by hand for one node with one neighbour
+    p = torch.log_softmax(torch.tensor([1.0, 0.0]), 0)
+    q = torch.log_softmax(torch.tensor([0.0, 1.0]), 0)
+    expect = float((q.exp() * (q - p)).sum())
+    got = graph_regularization(torch.tensor([[1.0, 0.0]]), torch.tensor([[[0.0, 1.0]]]), torch.ones(1, 1))
+    assert float(got) == pytest.approx(expect, rel=1e-6)
+    assert float(graph_regularization(logits, same, torch.zeros(2, 3))) == 0.0
+    with pytest.raises(ConfigError, match="distance 'cos'"):
+        graph_regularization(logits, same, w, "cos")
+    with pytest.raises(ConfigError, match=r"weights \(2, 2\)"):
+        graph_regularization(logits, same, torch.ones(2, 2))
+
+
+def test_pseudo_label_loss_weights_by_confidence_and_skips_unlabelled() -> None:
+    logits = torch.tensor([[3.0, 0.0], [0.0, 3.0], [1.0, 1.0]])
+    labels = torch.tensor([0, 0, -1])
+    conf = torch.tensor([1.0, 0.0, 1.0])
+    ce0 = float(torch.nn.functional.cross_entropy(logits[:1], labels[:1]))
+    assert float(pseudo_label_loss(logits, labels, conf)) == pytest.approx(ce0)
+    assert float(pseudo_label_loss(logits, torch.full((3,), -1), conf)) == 0.0
+
+
+# -- pseudo labels ----------------------------------------------------------------------------------
+def test_select_pseudo_labels_and_quality() -> None:
+    probs = np.array([[0.95, 0.05], [0.4, 0.6], [0.1, 0.9], [0.99, 0.01]], dtype=np.float32)
+    chosen = select_pseudo_labels(probs, np.array([0, 1, 2]), threshold=0.9)
+    assert chosen.keys.tolist() == [0, 2] and chosen.labels.tolist() == [0, 1]
+    assert chosen.confidence.tolist() == pytest.approx([0.95, 0.9])
+    q = pseudo_label_quality(chosen, truth=np.array([0, 1, 0, 0]))
+    assert q == {"precision": 0.5, "coverage": pytest.approx(2 / 3), "count": 2.0}
+    none = select_pseudo_labels(probs, np.array([1]), threshold=0.9)
+    assert np.isnan(pseudo_label_quality(none, np.zeros(4, dtype=np.int64))["precision"])
+    with pytest.raises(ConfigError, match="threshold must be in"):
+        select_pseudo_labels(probs, np.array([0]), threshold=1.5)
+    with pytest.raises(InvalidShapeError, match=r"\[0, 4\)"):
+        select_pseudo_labels(probs, np.array([7]), threshold=0.5)
+
+
+# -- core -------------------------------------------------------------------------------------------
+def test_config_rejects_bad_values() -> None:
+    with pytest.raises(ConfigError, match="mode 'graph'"):
+        SemiSupervisedConfig(mode="graph")
+    with pytest.raises(ConfigError, match="k 0"):
+        SemiSupervisedConfig(k=0)
+    with pytest.raises(ConfigError, match="pseudo_labels need mode 'bank'"):
+        SemiSupervisedConfig(mode="in-graph", pseudo_labels=True)
+
+
+def test_core_variants_train_and_bank_mode_uses_the_given_neighbours(cora) -> None:  # type: ignore[no-untyped-def]
+    torch.set_num_threads(1)
+    cfg = SemiSupervisedConfig(mode="in-graph", k=2, steps=30, unlabelled_batch=128, eval_every=10)
+    core = NodeClassifierCore(cora, cfg)
+    batch = core.sample_batch()
+    assert batch[:140].tolist() == cora.train.tolist() and len(set(batch)) == 140 + 128
+    assert not set(batch[140:]) & set(cora.train)
+    first = core.train_step(batch)
+    assert set(first) >= {"ce", "graph", "loss"}
+    for _ in range(29):
+        core.train_step(core.sample_batch())
+    core.evaluate()
+    assert core.best_test_accuracy() > 0.4  # 7 classes: chance is about 0.14-0.3
+    # bank mode: the graph term is exactly the loss against the neighbour logits passed in
+    bank = NodeClassifierCore(cora, SemiSupervisedConfig(mode="bank", k=3, unlabelled_batch=16, lr=1e-9))
+    b = bank.sample_batch()
+    slots, _, uniq = bank.neighbour_keys(b)
+    with torch.no_grad():
+        bank.model.train(False)
+        target = bank.model(bank.x[uniq]).numpy()
+    nb, present = expand_neighbour_rows(slots, uniq, target, np.ones(len(uniq), dtype=bool))
+    out = bank.train_step(b, neighbour_logits=nb, neighbour_present=np.zeros_like(present))
+    assert out["graph"] == 0.0  # nothing found: no graph term
+    with pytest.raises(ConfigError, match="bank mode needs neighbour_logits"):
+        bank.train_step(b)
+    with pytest.raises(InvalidShapeError, match="neighbour_logits"):
+        bank.train_step(b, neighbour_logits=nb[:, :2], neighbour_present=present[:, :2])
