@@ -121,6 +121,8 @@ class CurriculumTrainer(Trainer):
         labels, weights = clean_targets(self.given, v["pseudo_label"], flagged, self.settings.clean,
                                         self.settings.flagged_weight)
         self.sampler.set_excluded(weights == 0)
+        if self.settings.balanced:
+            self.sampler.set_groups(labels)
         self.targets = torch.from_numpy(labels).to(self.device)
         self.weights = torch.from_numpy(weights).to(self.device)
         q = detection_quality(flagged, self.noisy)

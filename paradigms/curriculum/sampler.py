@@ -56,6 +56,7 @@ class CurriculumSampler(Sampler[list[int]]):
         self.difficulty = np.full(n, np.nan, dtype=np.float64)
         self.rank = np.full(n, np.nan, dtype=np.float64)
         self.excluded = np.zeros(n, dtype=bool)
+        self.groups: np.ndarray | None = None
         self.seen = np.zeros(n, dtype=bool)
         self.last: dict[str, float] = {}
 
@@ -83,9 +84,27 @@ class CurriculumSampler(Sampler[list[int]]):
             raise InvalidShapeError(f"CurriculumSampler.set_excluded: got shape {e.shape}; expected ({self.n},)")
         self.excluded = e.copy()
 
+    def set_groups(self, groups: np.ndarray | None) -> None:
+        """``int[n]`` group of every example (e.g. its label): the pacing then admits the easiest share
+        of each group, so a curriculum keeps every class; ``None`` ranks all examples together."""
+        if groups is None:
+            self.groups = None
+            return
+        g = np.asarray(groups)
+        if g.shape != (self.n,) or g.dtype.kind not in "iu":
+            raise InvalidShapeError(f"CurriculumSampler.set_groups: got {g.dtype}{list(g.shape)}; expected int[{self.n}]")
+        self.groups = g.astype(np.int64)
+
     def admitted(self) -> np.ndarray:
         """``bool[n]``: the examples the pacing admits at the current step, less the excluded ones."""
-        mask = self.pacing.admit(self.difficulty, self.step) & ~self.excluded
+        if self.groups is None:
+            mask = self.pacing.admit(self.difficulty, self.step)
+        else:
+            mask = np.zeros(self.n, dtype=bool)
+            for g in np.unique(self.groups):
+                members = np.flatnonzero(self.groups == g)
+                mask[members] = self.pacing.admit(self.difficulty[members], self.step)
+        mask &= ~self.excluded
         if not mask.any():  # everything admitted is excluded: fall back to what is not excluded
             mask = ~self.excluded if (~self.excluded).any() else np.ones(self.n, dtype=bool)
         return mask
@@ -112,7 +131,8 @@ class CurriculumSampler(Sampler[list[int]]):
     def state_dict(self) -> dict[str, Any]:
         """What :meth:`load_state_dict` needs to continue with the same draws."""
         return {"step": self.step, "rng": self.rng.bit_generator.state, "seen": self.seen.copy(),
-                "difficulty": self.difficulty.copy(), "excluded": self.excluded.copy()}
+                "difficulty": self.difficulty.copy(), "excluded": self.excluded.copy(),
+                "groups": None if self.groups is None else self.groups.copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`."""
@@ -121,3 +141,4 @@ class CurriculumSampler(Sampler[list[int]]):
         self.seen = np.asarray(state["seen"], dtype=bool).copy()
         self.set_difficulty(state["difficulty"])
         self.set_excluded(state["excluded"])
+        self.set_groups(state.get("groups"))

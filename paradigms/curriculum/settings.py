@@ -51,6 +51,8 @@ class CurriculumSettings:
         Fraction of ``steps`` (after the warm-up) over which the schedule ramps.
     warmup
         Fraction of ``steps`` trained on all data before pacing starts.
+    balanced
+        Pace each class separately (the easiest share of every class), so early batches keep all classes.
     scorer
         Difficulty scorer name (see :data:`~paradigms.curriculum.scoring.SCORERS`).
     clean
@@ -84,6 +86,7 @@ class CurriculumSettings:
     pacing_end: float | None = None
     ramp: float = 0.5
     warmup: float = 0.1
+    balanced: bool = True
     scorer: str = "loss"
     clean: str = "relabel"
     clean_confidence: float = 0.8
