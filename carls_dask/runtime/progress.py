@@ -133,9 +133,9 @@ class ProgressSink:
     def flush(self) -> None:
         """Draw the newest values and append a metric row if the trainers' step advanced."""
         step = self.book.trainer_step()
-        if self._bar is not None:
-            self._bar.n = step
-            self._bar.set_postfix_str(self.book.summary(), refresh=True)
+        if self._bar is not None and step > self._bar.n:
+            self._bar.set_postfix_str(self.book.summary(), refresh=False)
+            self._bar.update(step - self._bar.n)  # redraws at most once per mininterval
         if self._writer is not None and step > self._last_step and self.book.events:
             row = {k: v for k, v in self.book.row().items() if not math.isnan(v)}
             self._writer.append(step, **row)

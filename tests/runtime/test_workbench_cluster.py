@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import dask.config
@@ -38,10 +39,21 @@ def test_own_local_cluster_is_started_and_fully_released() -> None:
     threads_before = _threads()
     children_before = {p.pid for p in _children()}
     with dask.config.set({"carls.cluster.n-workers": 1, "carls.cluster.threads-per-worker": 2}):
-        with Workbench(progress=True, stop_timeout=30) as wb:
+        # the worker advertises a GPU resource (a label here: no CUDA), so loops must ask for one each
+        with Workbench(progress=True, stop_timeout=30, cluster_options={"resources": {"GPU": 2}}) as wb:
             assert wb.cluster is not None and len(wb.client.scheduler_info()["workers"]) == 1
-            wb.submit_trainer(DigitsTrainer("trainer", max_steps=40, publish_every=10, lr=0.02))
-            wb.submit_maker(DigitsMaker("maker"))
+            trainer = wb.submit_trainer(DigitsTrainer("trainer", max_steps=40, publish_every=10, lr=0.02))
+            maker = wb.submit_maker(DigitsMaker("maker"))
+            keys = [trainer.future.key, maker.future.key]
+
+            def restrictions(dask_scheduler: Any) -> list[Any]:
+                return [dask_scheduler.tasks[k].resource_restrictions if k in dask_scheduler.tasks else None
+                        for k in keys]
+
+            deadline = time.monotonic() + 30  # submit reaches the scheduler asynchronously
+            while None in wb.client.run_on_scheduler(restrictions) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert wb.client.run_on_scheduler(restrictions) == [{"GPU": 1}, {"GPU": 1}]
             assert len(_children()) > len(children_before)  # the worker process is up
             wb.wait(timeout=300)
             results = wb.stop()
