@@ -39,7 +39,11 @@ def build() -> pn.viewable.Viewable | pn.viewable.Viewer:
         )
     dash = Dashboard(reader=RunReader(path), period=config.get_seconds("dashboard.refresh"))
     # The page goes out at once; reading starts when the browser has loaded it, in worker threads.
-    pn.state.onload(dash.start)
+
+    def start() -> None:
+        dash.start()
+
+    pn.state.onload(start)
     return dash
 
 

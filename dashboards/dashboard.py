@@ -7,13 +7,13 @@ import logging
 import os
 import pathlib
 import time
+from collections.abc import Callable
 
 import panel as pn
 import param
 
 from dashboards.runreader import RunReader
 from dashboards.views import CurriculumView, DriftView, HealthView, PseudoLabelView
-from dashboards.views.base import RunView
 
 __all__ = ["Dashboard", "run_path_from"]
 
@@ -74,31 +74,32 @@ class Dashboard(pn.viewable.Viewer):
             f"in {self.refresh_seconds * 1000:.0f} ms, every {self.period:g} s"
         )
 
-    async def _refresh_in_thread(self, views: tuple[RunView, ...], flag: str) -> None:
-        """Refresh ``views`` in a worker thread (the server's event loop stays free); skip if still busy."""
+    async def _refresh_in_thread(self, jobs: tuple[Callable[[], None], ...], flag: str) -> None:
+        """Run refresh ``jobs`` in a worker thread (the server's event loop stays free); skip if still busy."""
         if getattr(self, flag):
             return
         setattr(self, flag, True)
         t0 = time.perf_counter()
         try:
-            for view in views:
-                await asyncio.to_thread(view.refresh)
+            for job in jobs:
+                await asyncio.to_thread(job)
         finally:
             setattr(self, flag, False)
-        if views and views[0] is self.health:
+        if flag == "_fast_busy":
             self._done(time.perf_counter() - t0)
 
     async def _tick(self) -> None:
-        # The cheap health view (bank size, newest write) must keep up even while a new snapshot's drift
-        # is being computed, so the two groups refresh independently.
+        # The headline figures (bank size, newest write) must keep up even while plots are redrawn or
+        # a new snapshot's drift is computed, so they refresh on their own.
         if self._slow_task is None or self._slow_task.done():
-            self._slow_task = asyncio.ensure_future(self._refresh_in_thread(self.views[1:], "_slow_busy"))
-        await self._refresh_in_thread(self.views[:1], "_fast_busy")
+            slow = tuple(view.refresh for view in self.views)
+            self._slow_task = asyncio.ensure_future(self._refresh_in_thread(slow, "_slow_busy"))
+        await self._refresh_in_thread((self.health.refresh_numbers,), "_fast_busy")
 
     def start(self) -> pn.io.PeriodicCallback:
         """Refresh every :attr:`period` seconds from the Panel event loop, reading in worker threads."""
         if self._callback is None:
-            self._callback = pn.state.add_periodic_callback(self._tick, period=int(self.period * 1000))
+            self._callback = pn.state.add_periodic_callback(self._tick, period=int(self.period * 1000))  # type: ignore[arg-type]
         return self._callback
 
     def stop(self) -> None:
@@ -115,7 +116,7 @@ class Dashboard(pn.viewable.Viewer):
                 ("Embedding drift", self.drift),
                 ("Pseudo labels", self.pseudo_labels),
                 ("Curriculum", self.curriculum),
-                dynamic=False,
+                dynamic=True,  # only the visible tab is rendered in the browser
             ),
             sizing_mode="stretch_width",
         )

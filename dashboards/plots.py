@@ -9,9 +9,10 @@ import holoviews as hv
 import holoviews.plotting.bokeh  # registers the bokeh backend, so options apply outside a notebook too
 import numpy as np
 import pandas as pd
+import panel as pn
 import xarray as xr
 
-__all__ = ["LABEL_SLOTS", "bars", "curves", "empty", "heatmap", "render_projection", "stacked_bars", "warm_up"]
+__all__ = ["LABEL_SLOTS", "bars", "curves", "empty", "heatmap", "pane", "render_projection", "stacked_bars", "warm_up"]
 
 WIDTH = 460
 HEIGHT = 260
@@ -116,3 +117,8 @@ def warm_up() -> None:
     """Compile datashader's aggregation once (a few seconds), e.g. in a thread when a server starts."""
     proj = xr.Dataset({"x": ("key", [0.0, 1.0]), "y": ("key", [0.0, 1.0]), "label": ("key", [0, 1])})
     render_projection(proj, "warm-up", size=8)
+
+
+def pane(element: hv.Element) -> pn.pane.HoloViews:
+    """A HoloViews pane that does not link its axes to the other plots of the page (linking is slow)."""
+    return pn.pane.HoloViews(element, linked_axes=False)

@@ -30,9 +30,9 @@ class CurriculumView(RunView):
         params.setdefault("title", "Curriculum progress")
         super().__init__(**params)
         self.summary = pn.pane.Markdown("", sizing_mode="stretch_width")
-        self._pacing = pn.pane.HoloViews(plots.empty("pacing vs realised", "not written by this run"))
-        self._difficulty = pn.pane.HoloViews(plots.empty("difficulty over time", "no difficulty column"))
-        self._accuracy = pn.pane.HoloViews(plots.empty("accuracy by difficulty", "needs difficulty, predictions and truth"))
+        self._pacing = plots.pane(plots.empty("pacing vs realised", "not written by this run"))
+        self._difficulty = plots.pane(plots.empty("difficulty over time", "no difficulty column"))
+        self._accuracy = plots.pane(plots.empty("accuracy by difficulty", "needs difficulty, predictions and truth"))
         self.pacing: xr.Dataset | None = None
         self._samples: dict[int, tuple[int, xr.Dataset | None]] = {}
 
@@ -42,6 +42,10 @@ class CurriculumView(RunView):
             return None
         rows = stable_sample(keys_of(ds), self.sample)
         return ds[["difficulty"]].isel(key=rows).load()
+
+    def _inputs(self) -> tuple[object, ...]:
+        assert self.reader is not None
+        return (self.reader.latest(), self.reader.metrics(), self.reader.truth())
 
     def _update(self) -> None:
         assert self.reader is not None

@@ -41,13 +41,13 @@ class DriftView(RunView):
         self._steps: dict[int, int] = {}
         self._versions: list[int] = []
         self._quiet = False
-        self.slider = pn.widgets.DiscreteSlider(name="snapshot step", options=[0], value=0, width=400, disabled=True)
+        self.slider = pn.widgets.DiscreteSlider(label="snapshot step", options=[0], value=0, width=400, disabled=True)
         self.slider.param.watch(self._on_slider, "value")
-        self._l2 = pn.pane.HoloViews(plots.empty("L2 change", "waiting for two snapshots"))
-        self._cos = pn.pane.HoloViews(plots.empty("cosine change", "waiting for two snapshots"))
-        self._shards = pn.pane.HoloViews(plots.empty("mean L2 change per shard", "waiting for two snapshots"))
-        self._churn_plot = pn.pane.HoloViews(plots.empty("neighbour churn", "waiting for two snapshots"))
-        self._map = pn.pane.HoloViews(plots.empty("projection", "waiting for a snapshot"))
+        self._l2 = plots.pane(plots.empty("L2 change", "waiting for two snapshots"))
+        self._cos = plots.pane(plots.empty("cosine change", "waiting for two snapshots"))
+        self._shards = plots.pane(plots.empty("mean L2 change per shard", "waiting for two snapshots"))
+        self._churn_plot = plots.pane(plots.empty("neighbour churn", "waiting for two snapshots"))
+        self._map = plots.pane(plots.empty("projection", "waiting for a snapshot"))
 
     # ------------------------------------------------------------------ data
 

@@ -6,6 +6,7 @@ import math
 
 import panel as pn
 import param
+import xarray as xr
 
 from dashboards import metricnames as mn
 from dashboards import plots
@@ -30,27 +31,46 @@ class HealthView(RunView):
     def __init__(self, **params: object) -> None:
         params.setdefault("title", "Bank and cluster health")
         super().__init__(**params)
-        self.rows = pn.indicators.Number(name="bank rows", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
-        self.version = pn.indicators.Number(name="newest row version", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
-        self.model_step = pn.indicators.Number(name="newest model step", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
-        self.snapshots = pn.indicators.Number(name="snapshots", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
-        self._shards = pn.pane.HoloViews(plots.empty("rows per shard", "no bank yet"))
-        self._rates = pn.pane.HoloViews(plots.empty("lookup / update rate", "not written by this run"))
-        self._stale = pn.pane.HoloViews(plots.empty("staleness", "no bank yet"))
-        self._makers = pn.pane.HoloViews(plots.empty("rows by maker version", "no bank yet"))
-        self._speed = pn.pane.HoloViews(plots.empty("trainer steps/s", "not written by this run"))
+        self.rows = pn.indicators.Number(label="bank rows", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
+        self.version = pn.indicators.Number(label="newest row version", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
+        self.model_step = pn.indicators.Number(label="newest model step", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
+        self.snapshots = pn.indicators.Number(label="snapshots", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
+        self._shards = plots.pane(plots.empty("rows per shard", "no bank yet"))
+        self._rates = plots.pane(plots.empty("lookup / update rate", "not written by this run"))
+        self._stale = plots.pane(plots.empty("staleness", "no bank yet"))
+        self._makers = plots.pane(plots.empty("rows by maker version", "no bank yet"))
+        self._speed = plots.pane(plots.empty("trainer steps/s", "not written by this run"))
         self.summary: dict[str, float] = {}
 
-    def _update(self) -> None:
+    def refresh_numbers(self) -> None:
+        """Update only the headline figures (cheap: run on every tick so new writes show at once)."""
+        if self.reader is None or self.reader.problem():
+            self.refresh()
+            return
+        if self._showing_problem:
+            self._set_message("")
+            self._showing_problem = False
+        self._numbers()
+
+    def _numbers(self) -> xr.Dataset | None:
         assert self.reader is not None
         ds = self.reader.latest()
-        notes = []
         self.snapshots.value = len(self.reader.snapshots())
         self.summary = bank_summary(ds)
         self.rows.value = int(self.summary["rows"])
         for ind, key in ((self.version, "version"), (self.model_step, "model_step")):
             v = self.summary[key]
             ind.value = 0 if math.isnan(v) else int(v)
+        return ds
+
+    def _inputs(self) -> tuple[object, ...]:
+        assert self.reader is not None
+        return (self.reader.latest(), self.reader.metrics())
+
+    def _update(self) -> None:
+        assert self.reader is not None
+        ds = self._numbers()
+        notes = []
         if ds is None:
             notes.append("no bank snapshot yet")
         else:

@@ -46,12 +46,16 @@ class PseudoLabelView(RunView):
         self.summary = pn.pane.Markdown("", sizing_mode="stretch_width")
         self.threshold_slider = pn.widgets.FloatSlider.from_param(self.param.threshold, step=0.05, width=300)
         self.param.watch(lambda _e: self.refresh(), "threshold")
-        self._hist = pn.pane.HoloViews(plots.empty("confidence", "no pseudo labels yet"))
-        self._classes = pn.pane.HoloViews(plots.empty("per-class accuracy", "no held-out truth"))
-        self._curve = pn.pane.HoloViews(plots.empty("threshold curve", "no held-out truth"))
-        self._flip_plot = pn.pane.HoloViews(plots.empty("flip rate", "needs two snapshots with pseudo labels"))
-        self._series = pn.pane.HoloViews(plots.empty("precision / coverage over steps", "not written by this run"))
+        self._hist = plots.pane(plots.empty("confidence", "no pseudo labels yet"))
+        self._classes = plots.pane(plots.empty("per-class accuracy", "no held-out truth"))
+        self._curve = plots.pane(plots.empty("threshold curve", "no held-out truth"))
+        self._flip_plot = plots.pane(plots.empty("flip rate", "needs two snapshots with pseudo labels"))
+        self._series = plots.pane(plots.empty("precision / coverage over steps", "not written by this run"))
         self.quality: dict[str, float] = {}
+
+    def _inputs(self) -> tuple[object, ...]:
+        assert self.reader is not None
+        return (self.reader.latest(), self.reader.metrics(), self.reader.truth(), self.threshold, self.bins)
 
     def _update(self) -> None:
         assert self.reader is not None

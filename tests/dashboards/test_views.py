@@ -1,0 +1,139 @@
+"""The views and the dashboard over real run folders (storage's snapshots and metric store), no browser."""
+
+from __future__ import annotations
+
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+from carls_dask.cli import main
+from carls_dask.dashboard_cli import panel_command
+from dashboards.dashboard import Dashboard, run_path_from
+from dashboards.runreader import RunReader
+from storage.errors import ConfigError
+from storage.metrics import MetricWriter
+from tests.dashboards.runfolder import nodes, write_snapshot, write_truth
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """Three snapshots of 600 rows with pseudo labels, held-out truth and curriculum metrics."""
+    path = tmp_path_factory.mktemp("run")
+    for step in (10, 20, 30):
+        keys, cols = nodes(600, step)
+        write_snapshot(path / "bank", step, keys, cols)
+    write_truth(path, 600)
+    with MetricWriter(path / "metrics.zarr", run="views") as w:
+        for step in (10, 20, 30):
+            w.append(step, pacing=step / 100, admitted_fraction=step / 110, bank_lookups=step * 50.0)
+    return path
+
+
+@pytest.fixture(scope="module")
+def dashboard(run: pathlib.Path) -> Dashboard:
+    d = Dashboard(reader=RunReader(run))
+    d.refresh()
+    return d
+
+
+def test_health_view_shows_rows_versions_and_shards(dashboard: Dashboard) -> None:
+    h = dashboard.health
+    assert h.message == "" and not h._error.visible
+    assert h.rows.value == 600 and h.model_step.value == 30 and h.snapshots.value == 3
+
+
+def test_pseudo_label_view_judges_labels_against_truth(dashboard: Dashboard) -> None:
+    v = dashboard.pseudo_labels
+    assert not v._error.visible, v._error.object
+    keys = np.arange(600)
+    labelled = keys % 5 != 0
+    wrong = labelled & (keys % 7 == 0)
+    assert v.quality["coverage"] == pytest.approx(labelled.mean())
+    assert v.quality["precision"] == pytest.approx(1 - wrong.sum() / labelled.sum())
+    assert "precision** 0.8" in v.summary.object
+    flips = v.flips()
+    assert sorted(flips) == [20, 30] and all(f["flip_rate"] == 0 for f in flips.values())
+
+
+def test_drift_view_has_drift_churn_and_aligned_maps(dashboard: Dashboard) -> None:
+    v = dashboard.drift
+    assert not v._error.visible, v._error.object
+    d = v.drift()
+    assert d is not None and d["step"].values.tolist() == [20, 30]
+    assert sorted(int(s) for s in d["shard"].values) == [-1, 0, 1]
+    assert (d["l2_mean"].values > 0).all()
+    churn = v.churn()
+    assert churn is not None and ((churn.values >= 0) & (churn.values <= 1)).all()
+    assert v.slider.options == [10, 20, 30] and v.slider.value == 30
+    p10, p30 = v.projection(10), v.projection(30)
+    assert p10 is not None and p30 is not None
+    # The clusters stay put between snapshots: aligned maps of the same rows are close.
+    assert np.median(np.hypot(p10["x"] - p30["x"], p10["y"] - p30["y"])) < 1.0
+
+
+def test_curriculum_view_reads_pacing_from_the_metric_store(dashboard: Dashboard) -> None:
+    v = dashboard.curriculum
+    assert v.message == "" and not v._error.visible, (v.message, v._error.object)
+    assert v.pacing is not None
+    np.testing.assert_allclose(v.pacing["gap"].values, [s / 110 - s / 100 for s in (10, 20, 30)])
+    assert "admitted **27.3%**" in v.summary.object
+
+
+def test_missing_and_empty_runs_give_messages(tmp_path: pathlib.Path) -> None:
+    d = Dashboard(reader=RunReader(tmp_path / "nope"))
+    d.refresh()
+    for view in d.views:
+        assert "does not exist (yet)" in view.message and not view._error.visible
+    (tmp_path / "empty").mkdir()
+    d = Dashboard(reader=RunReader(tmp_path / "empty"))
+    d.refresh()
+    assert all("is empty so far" in view.message for view in d.views)
+
+
+def test_run_without_pseudo_labels_or_metrics(tmp_path: pathlib.Path) -> None:
+    keys, cols = nodes(100, 10)
+    write_snapshot(tmp_path / "bank", 10, keys, {"embedding": cols["embedding"]})
+    d = Dashboard(reader=RunReader(tmp_path))
+    d.refresh()
+    assert d.pseudo_labels.message == "This run has no pseudo labels (table 'nodes': no pseudo_label column)."
+    assert "no curriculum series" in d.curriculum.message and "no difficulty column" in d.curriculum.message
+    assert d.health.rows.value == 100 and "no metric store yet" in d.health.message
+    assert "One snapshot so far" in d.drift.message
+    assert not any(view._error.visible for view in d.views)
+
+
+def test_health_numbers_follow_new_snapshots(tmp_path: pathlib.Path) -> None:
+    keys, cols = nodes(50, 10)
+    write_snapshot(tmp_path / "bank", 10, keys, cols)
+    d = Dashboard(reader=RunReader(tmp_path))
+    d.health.refresh_numbers()
+    assert d.health.rows.value == 50
+    keys, cols = nodes(80, 20)
+    write_snapshot(tmp_path / "bank", 20, keys, cols)
+    d.health.refresh_numbers()
+    assert d.health.rows.value == 80 and d.health.model_step.value == 20
+
+
+def test_run_path_from_args_or_environment() -> None:
+    assert run_path_from(["app.py", "runs/a"], {}) == pathlib.Path("runs/a")
+    assert run_path_from(["app.py"], {"CARLS_RUN": "runs/b"}) == pathlib.Path("runs/b")
+    assert run_path_from(["app.py"], {}) is None
+
+
+def test_dashboard_command_binds_localhost_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dashboard", "runs/x", "--dry-run", "--port", "5123"]) == 0
+    out = capsys.readouterr().out
+    assert "panel serve" in out and out.rstrip().endswith("--args runs/x")
+    cmd = panel_command(pathlib.Path("r"), port=5123)
+    assert cmd[cmd.index("--address") + 1] == "127.0.0.1"
+    assert "127.0.0.1:5123" in cmd and cmd[-2:] == ["--args", "r"]
+    with pytest.raises(ConfigError, match=r"port 70000 .* expected 1-65535"):
+        panel_command(pathlib.Path("r"), port=70000)
+    assert main(["dashboard", "runs/x", "--dry-run", "--refresh", "soon"]) == 1
+    assert "'soon'" in capsys.readouterr().err
+
+
+def test_nan_free_summary_numbers(dashboard: Dashboard) -> None:
+    assert not math.isnan(dashboard.health.summary["wall_time"])

@@ -1,0 +1,186 @@
+"""The served dashboard in a real headless Chromium, against runs that are being written."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+pytest.importorskip("playwright")
+from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
+
+from tests.dashboards.runfolder import nodes, write_snapshot
+
+pytestmark = pytest.mark.ui
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+START_DEADLINE = 240.0  # seconds for the server to answer and the page to draw (2 shared cores, cold imports)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=20)
+
+
+@contextlib.contextmanager
+def _serve(run: pathlib.Path, log: pathlib.Path) -> Iterator[str]:
+    port = _free_port()
+    env = dict(os.environ, DASK_CARLS__DASHBOARD__REFRESH="0.5s", PYTHONPATH=str(ROOT))
+    cmd = [
+        sys.executable, "-m", "panel", "serve", str(ROOT / "dashboards" / "app.py"),
+        "--address", "127.0.0.1", "--port", str(port), "--allow-websocket-origin", f"127.0.0.1:{port}",
+        "--args", str(run),
+    ]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}/app"
+    try:
+        deadline = time.monotonic() + START_DEADLINE
+        while True:
+            assert proc.poll() is None, f"panel serve exited with {proc.returncode}: {log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5):
+                    break
+            except urllib.error.HTTPError:  # any HTTP answer means the server is up
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"panel serve did not answer in {START_DEADLINE} s: {log.read_text()[-3000:]}") from None
+                time.sleep(0.5)
+        yield url
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not pathlib.Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install the Debian package 'chromium' (system-packages.txt)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+def _open(browser: Browser, url: str) -> tuple[Page, list[str]]:
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    errors: list[str] = []
+
+    def on_console(msg: ConsoleMessage) -> None:
+        if msg.type == "error":
+            errors.append(msg.text)
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+    page.goto(url, timeout=START_DEADLINE * 1000)
+    return page, errors
+
+
+def _wait_text(page: Page, pattern: str, timeout: float) -> None:
+    page.get_by_text(re.compile(pattern)).first.wait_for(timeout=timeout * 1000)
+
+
+@pytest.fixture
+def writing_run(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.dashboards.runfolder", str(run), "--period", "0.7"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp_path / "writer.log").open("wb"),
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    progress = run / "writer.progress"
+    deadline = time.monotonic() + 120
+    while not progress.exists():
+        assert proc.poll() is None, (tmp_path / "writer.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, "the run writer wrote nothing in 120 s"
+        time.sleep(0.2)
+    try:
+        yield run
+    finally:
+        _stop(proc)
+
+
+def test_live_run_renders_and_shows_new_bank_writes_within_2s(
+    browser: Browser, writing_run: pathlib.Path, tmp_path: pathlib.Path, artifacts_dir: pathlib.Path
+) -> None:
+    with _serve(writing_run, tmp_path / "panel.log") as url:
+        page, errors = _open(browser, url)
+        _wait_text(page, r"refreshed \d\d:\d\d:\d\d", START_DEADLINE)
+        page.locator("canvas").first.wait_for(timeout=60_000)
+
+        # Each bank write adds rows; the "bank rows" figure must show a write within 2 s of it landing.
+        progress = writing_run / "writer.progress"
+        delays = []
+        last_rows = None
+        deadline = time.monotonic() + 90
+        while len(delays) < 3 and time.monotonic() < deadline:
+            _step, rows = map(int, progress.read_text().split())
+            if rows == last_rows:
+                time.sleep(0.05)
+                continue
+            written = progress.stat().st_mtime
+            _wait_text(page, rf"^{rows:,}$", 10)
+            delays.append(time.time() - written)
+            last_rows = rows
+        assert len(delays) == 3, f"saw only {len(delays)} writes on the page in 90 s"
+        assert max(delays) <= 2.0, f"bank writes reached the page after {[round(d, 2) for d in delays]} s"
+        page.screenshot(path=str(artifacts_dir / "dashboard-health.png"), full_page=True)
+
+        # Every tab draws its plots.
+        for tab in ("Embedding drift", "Pseudo labels", "Curriculum"):
+            page.get_by_text(tab, exact=True).first.click()
+            page.wait_for_timeout(1500)
+            name = tab.lower().replace(" ", "-")
+            page.screenshot(path=str(artifacts_dir / f"dashboard-{name}.png"), full_page=True)
+        _wait_text(page, r"precision", 10)
+        assert page.locator("canvas").count() >= 4
+        assert errors == [], f"browser console errors: {errors}"
+        page.close()
+
+
+def test_missing_run_then_run_without_pseudo_labels_show_messages(
+    browser: Browser, tmp_path: pathlib.Path, artifacts_dir: pathlib.Path
+) -> None:
+    run = tmp_path / "later"
+    with _serve(run, tmp_path / "panel.log") as url:
+        page, errors = _open(browser, url)
+        _wait_text(page, r"does not exist \(yet\)", START_DEADLINE)
+        page.screenshot(path=str(artifacts_dir / "dashboard-missing-run.png"), full_page=True)
+
+        # The run appears, with a bank that has embeddings but no pseudo labels.
+        keys, cols = nodes(500, 10)
+        write_snapshot(run / "bank", 10, keys, {"embedding": cols["embedding"], "difficulty": np.asarray(cols["difficulty"])})
+        _wait_text(page, r"^500$", 30)
+        page.get_by_text("Pseudo labels", exact=True).first.click()
+        _wait_text(page, r"This run has no pseudo labels", 30)
+        page.screenshot(path=str(artifacts_dir / "dashboard-no-pseudo-labels.png"), full_page=True)
+        assert page.get_by_text(re.compile("Traceback")).count() == 0
+        assert errors == [], f"browser console errors: {errors}"
+        page.close()
