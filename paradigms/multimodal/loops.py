@@ -1,0 +1,480 @@
+"""Trainers and makers of the multimodal paradigm.
+
+- :class:`ContrastiveTrainer` trains the dual encoder on image-text pairs; besides the in-batch
+  negatives it draws negatives from the bank's corpus tables (``uniform``/``log_uniform`` samples
+  with logQ correction, or each query's ``hard`` top-k), so their number is not bounded by the batch.
+- :class:`CorpusMaker` loads the newest encoder version and rewrites every corpus embedding in the
+  bank (``texts`` and ``images`` tables) with ``model_step`` and its name as provenance.
+- :func:`initialise_bank` runs the frozen pretrained image encoder (EfficientNet-Lite0, shipped in
+  a registry package) once and writes its features into the bank, where the loops read them.
+- :class:`ConceptClassifierTrainer` is the large-output-space use: class embeddings live in the
+  bank, are allocated on first sight and trained with sampled softmax through ``apply_gradients``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from carls_dask.bank import Column, TableSpec, to_int64_keys
+from carls_dask.runtime.channel import ModelVersion
+from carls_dask.runtime.context import LoopContext
+from carls_dask.runtime.maker import KnowledgeMaker
+from carls_dask.runtime.trainer import Trainer
+from paradigms.data.openmoji import EmojiPairs, concept_split, load_openmoji_pairs
+from paradigms.multimodal.features import FEATURE_DIM, PRETRAINED_NAME, image_features
+from paradigms.multimodal.metrics import retrieval_report
+from paradigms.multimodal.text import hash_tokens
+from storage.errors import ConfigError
+
+__all__ = [
+    "NEGATIVES",
+    "ConceptClassifierTrainer",
+    "ContrastiveTrainer",
+    "Corpus",
+    "CorpusMaker",
+    "CorpusSpec",
+    "corpus_tables",
+    "default_cache_dir",
+    "initialise_bank",
+    "load_corpus",
+]
+
+logger = logging.getLogger(__name__)
+
+NEGATIVES = ("in_batch", "uniform", "log_uniform", "hard")
+TEXTS, IMAGES, CONCEPTS = "texts", "images", "concepts"
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSpec:
+    """Which pairs to use; small and picklable, so every worker loads the same corpus.
+
+    Attributes
+    ----------
+    size
+        Image side in pixels.
+    limit
+        Concepts kept (``None``: all of about 1,700).
+    n_test
+        Concepts held out for retrieval evaluation (one pair each).
+    seed
+        Seed of the concept choices.
+    cache_dir
+        Folder of the rendered-image and feature caches.
+    text_buckets
+        Hashed text token ids.
+    torch_threads
+        Intra-op threads the loops give torch in their worker process (``torch.set_num_threads``);
+        1 avoids oversubscription when several workers share few cores; ``None`` leaves it.
+    """
+
+    size: int = 64
+    limit: int | None = None
+    n_test: int = 300
+    seed: int = 0
+    cache_dir: str | None = None
+    text_buckets: int = 1 << 12
+    torch_threads: int | None = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    """The loaded corpus: train pairs (the bank's corpus, keyed by row) and held-out test pairs."""
+
+    pairs: EmojiPairs
+    train: np.ndarray
+    test: np.ndarray
+    features: np.ndarray
+    text_ids: np.ndarray
+
+    @property
+    def train_keys(self) -> np.ndarray:
+        """Bank keys of the train pairs (their row numbers in :attr:`pairs`)."""
+        return self.train.astype(np.int64)
+
+
+def load_corpus(spec: CorpusSpec) -> Corpus:
+    """Render (or read from cache) the pairs, compute (or read) the frozen features, split by concept."""
+    pairs = load_openmoji_pairs(spec.size, limit=spec.limit, seed=spec.seed, cache_dir=spec.cache_dir)
+    train, test = concept_split(pairs, spec.n_test, seed=spec.seed)
+    feats = image_features(pairs.images, cache_dir=spec.cache_dir)
+    return Corpus(pairs, train, test, feats, hash_tokens(pairs.texts, spec.text_buckets))
+
+
+def _set_threads(spec: CorpusSpec) -> None:
+    import torch
+
+    if spec.torch_threads is not None and torch.get_num_threads() != spec.torch_threads:
+        torch.set_num_threads(spec.torch_threads)
+
+
+def corpus_tables(dim: int = 64, classes_dim: int | None = None) -> list[TableSpec]:
+    """The bank tables: ``texts`` and ``images`` (embedding; images also the frozen features) and ``concepts``."""
+    tables = [
+        TableSpec(TEXTS, columns=(Column("embedding", "float32", (dim,), ("dim",), initializer="zeros"),),
+                  optimizer=None),
+        TableSpec(IMAGES, columns=(Column("embedding", "float32", (dim,), ("dim",), initializer="zeros"),
+                                   Column("pretrained", "float32", (FEATURE_DIM,), ("feature",),
+                                          initializer="zeros")), optimizer=None),
+    ]
+    if classes_dim is not None:
+        tables.append(TableSpec(CONCEPTS, columns=(Column("embedding", "float32", (classes_dim,), ("dim",)),),
+                                optimizer="adagrad", learning_rate=0.2, initializer="normal", init_scale=0.01))
+    return tables
+
+
+def initialise_bank(bank: Any, spec: CorpusSpec, chunk: int = 1024) -> int:
+    """Write the frozen pretrained image features of the train corpus into ``images.pretrained``.
+
+    Runs the pretrained encoder (or reads its cache); provenance ``maker="efficientnet-lite0"``,
+    ``model_step=0``. Returns the number of rows written.
+    """
+    corpus = load_corpus(spec)
+    keys = corpus.train_keys
+    for s in range(0, len(keys), chunk):
+        k = keys[s:s + chunk]
+        bank.update(IMAGES, k, {"pretrained": corpus.features[k]}, model_step=0, maker=PRETRAINED_NAME)
+    return len(keys)
+
+
+def _check_choice(owner: str, what: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{owner}: {what}={value!r}; expected one of {allowed}")
+
+
+class ContrastiveTrainer(Trainer):
+    """CLIP-style dual-encoder trainer with negatives drawn from the bank.
+
+    Parameters
+    ----------
+    corpus
+        The corpus to train on.
+    negatives
+        ``"in_batch"`` (baseline), ``"uniform"``/``"log_uniform"`` (``n_negatives`` sampled keys of
+        the corpus, logQ corrected) or ``"hard"`` (each query's ``n_hard + 1`` top-k by the bank's
+        embeddings, its own positive masked out).
+    n_negatives, n_hard
+        Sampled and hard negatives per step.
+    batch_size, lr, dim, hidden, weight_decay
+        Optimisation and model sizes.
+    seed
+        Seed of the model initialisation, batches and samples.
+    name, max_steps, publish_every
+        See :class:`~carls_dask.runtime.trainer.Trainer`.
+    """
+
+    def __init__(self, corpus: CorpusSpec, *, negatives: str = "uniform", n_negatives: int = 256, n_hard: int = 8,
+                 batch_size: int = 32, lr: float = 2e-3, dim: int = 64, hidden: int = 128,
+                 weight_decay: float = 1e-4, seed: int = 0, name: str = "trainer", max_steps: int | None = 400,
+                 publish_every: int | None = 20) -> None:
+        super().__init__(name, max_steps=max_steps, publish_every=publish_every)
+        _check_choice(f"ContrastiveTrainer {name!r}", "negatives", negatives, NEGATIVES)
+        for what, v in (("n_negatives", n_negatives), ("n_hard", n_hard), ("batch_size", batch_size)):
+            if not isinstance(v, int) or v < (2 if what == "batch_size" else 1):
+                raise ConfigError(f"ContrastiveTrainer {name!r}: {what}={v!r}; expected a positive int"
+                                  + (" >= 2" if what == "batch_size" else ""))
+        self.corpus_spec = corpus
+        self.negatives = negatives
+        self.n_negatives = n_negatives
+        self.n_hard = n_hard
+        self.batch_size = batch_size
+        self.lr = lr
+        self.dim = dim
+        self.hidden = hidden
+        self.weight_decay = weight_decay
+        self.seed = seed
+
+    def setup(self, ctx: LoopContext) -> None:
+        import torch
+
+        from paradigms.multimodal.model import DualEncoder
+
+        _set_threads(self.corpus_spec)
+        torch.manual_seed(self.seed)
+        self.rng = np.random.default_rng(self.seed)
+        self.corpus = load_corpus(self.corpus_spec)
+        keys = self.corpus.train_keys
+        feats = self.corpus.features[keys]
+        self.use_bank = self.negatives != "in_batch"
+        if ctx.bank is not None:  # the frozen features the pretrained maker wrote, when it did
+            got = ctx.bank.lookup(IMAGES, keys, columns=["pretrained"])
+            if bool(np.all(got.found)):
+                feats = got.values["pretrained"]
+        elif self.use_bank:
+            raise ConfigError(f"ContrastiveTrainer {self.name!r}: negatives={self.negatives!r} needs a bank; "
+                              "create one with Workbench.create_bank(corpus_tables(...))")
+        self.device = torch.device(ctx.device)
+        self.keys = keys
+        self.feats = torch.from_numpy(np.ascontiguousarray(feats)).to(self.device)
+        self.ids = torch.from_numpy(self.corpus.text_ids[keys]).to(self.device)
+        self.model = DualEncoder(FEATURE_DIM, self.corpus_spec.text_buckets, self.dim, self.hidden).to(self.device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        self.bank_ready = False
+        self.ages: list[float] = []
+
+    def _ready(self) -> bool:
+        """Whether the maker has filled the corpus tables (checked until it has)."""
+        if not self.bank_ready:
+            assert self.ctx is not None
+            got = self.ctx.bank.lookup(TEXTS, self.keys[:1], columns=["embedding"])
+            self.bank_ready = bool(got.found[0])
+        return self.bank_ready
+
+    def _hard_negatives(self, table: str, query: Any, pos_keys: np.ndarray) -> tuple[Any, Any, float]:
+        """Each query's top-k rows of ``table`` by the bank's (stale) embeddings, its positive masked."""
+        import torch
+
+        assert self.ctx is not None
+        k = min(self.n_hard + 1, len(self.keys))
+        hk, _ = self.ctx.bank.top_k(table, query.detach().cpu().numpy(), k, metric="dot")
+        got = self.ctx.bank.lookup(table, hk.reshape(-1), columns=["embedding"])
+        neg = torch.from_numpy(got.values["embedding"].reshape(*hk.shape, -1)).to(self.device)
+        mask = torch.from_numpy(hk == pos_keys[:, None]).to(self.device)
+        return neg, mask, float(np.nanmean(got.age))
+
+    def _sampled_negatives(self, pos_keys: np.ndarray, step: int) -> tuple[Any, Any, Any, Any, float]:
+        """One sample of corpus keys (with expected counts), looked up in both tables."""
+        import torch
+
+        assert self.ctx is not None
+        bank = self.ctx.bank
+        s = bank.sample_negatives(TEXTS, min(self.n_negatives, len(self.keys)), sampler=self.negatives,
+                                  seed=self.seed * 1_000_003 + step)
+        got_t = bank.lookup(TEXTS, s.keys, columns=["embedding"])
+        got_i = bank.lookup(IMAGES, s.keys, columns=["embedding"])
+        logq = torch.from_numpy(np.log(s.expected_count).astype(np.float32)).to(self.device)
+        mask = torch.from_numpy(s.keys[None, :] == pos_keys[:, None]).to(self.device)
+        age = float(np.nanmean(np.concatenate([got_t.age, got_i.age])))
+        return (torch.from_numpy(got_t.values["embedding"]).to(self.device),
+                torch.from_numpy(got_i.values["embedding"]).to(self.device), logq, mask, age)
+
+    def step(self, step: int) -> Mapping[str, float]:
+
+        from paradigms.multimodal.losses import contrastive_loss
+
+        idx = self.rng.choice(len(self.keys), size=self.batch_size, replace=False)
+        img, txt = self.model(self.feats[idx], self.ids[idx])
+        scale = self.model.scale
+        out: dict[str, float] = {}
+        if self.use_bank and self._ready():
+            pos = self.keys[idx]
+            if self.negatives == "hard":
+                tn, tm, age_t = self._hard_negatives(TEXTS, img, pos)
+                im, imask, age_i = self._hard_negatives(IMAGES, txt, pos)
+                tq = iq = None
+                age = 0.5 * (age_t + age_i)
+            else:
+                tn, im, tq, tm, age = self._sampled_negatives(pos, step)
+                iq, imask = tq, tm
+            loss = 0.5 * (contrastive_loss(img, txt, scale, tn, tq, tm) + contrastive_loss(txt, img, scale, im, iq, imask))
+            out["bank_age_s"] = age
+            out["bank_negatives"] = float(tn.shape[-2] if tn.ndim == 3 else tn.shape[0])
+            self.ages.append(out["bank_age_s"])
+        else:
+            loss = 0.5 * (contrastive_loss(img, txt, scale) + contrastive_loss(txt, img, scale))
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        out["loss"] = float(loss.detach())
+        out["temperature"] = float(1.0 / scale.detach())
+        return out
+
+    def evaluate(self) -> dict[str, float]:
+        """Image->text and text->image recall@1/@5 among the held-out concepts' pairs."""
+        import torch
+
+        test = self.corpus.test
+        with torch.inference_mode():
+            img = self.model.encode_image(torch.from_numpy(self.corpus.features[test]).to(self.device))
+            txt = self.model.encode_text(torch.from_numpy(self.corpus.text_ids[test]).to(self.device))
+        return retrieval_report(img.cpu().numpy(), txt.cpu().numpy())
+
+    def finish(self) -> dict[str, float]:
+        out = self.evaluate()
+        out["n_test"] = float(len(self.corpus.test))
+        out["n_train"] = float(len(self.keys))
+        out["mean_bank_age_s"] = float(np.mean(self.ages)) if self.ages else float("nan")
+        return out
+
+
+class CorpusMaker(KnowledgeMaker):
+    """Rewrites the bank's ``texts`` and ``images`` embeddings of the whole corpus with the newest encoder.
+
+    Parameters
+    ----------
+    corpus
+        The corpus (same as the trainer's).
+    dim, hidden
+        The trainer's model sizes.
+    chunk
+        Rows per bank write.
+    name, source, max_rounds, final_pass
+        See :class:`~carls_dask.runtime.maker.KnowledgeMaker`.
+    """
+
+    def __init__(self, corpus: CorpusSpec, *, dim: int = 64, hidden: int = 128, chunk: int = 2048,
+                 name: str = "corpus-maker", source: str | None = None, max_rounds: int | None = None,
+                 final_pass: bool = True) -> None:
+        super().__init__(name, source=source, max_rounds=max_rounds, final_pass=final_pass)
+        self.corpus_spec = corpus
+        self.dim = dim
+        self.hidden = hidden
+        self.chunk = chunk
+
+    def setup(self, ctx: LoopContext) -> None:
+        import torch
+
+        from paradigms.multimodal.model import DualEncoder
+
+        if ctx.bank is None:
+            raise ConfigError(f"CorpusMaker {self.name!r} needs a bank with the corpus tables")
+        _set_threads(self.corpus_spec)
+        corpus = load_corpus(self.corpus_spec)
+        self.keys = corpus.train_keys
+        self.device = torch.device(ctx.device)
+        self.feats = torch.from_numpy(corpus.features[self.keys]).to(self.device)
+        self.ids = torch.from_numpy(corpus.text_ids[self.keys]).to(self.device)
+        self.model = DualEncoder(FEATURE_DIM, self.corpus_spec.text_buckets, self.dim, self.hidden).to(self.device)
+        self.previous: np.ndarray | None = None
+
+    def load_model(self, state: Mapping[str, Any], version: ModelVersion) -> None:
+        self.model.load_state_dict(state)
+
+    def make(self, version: ModelVersion) -> Mapping[str, float]:
+        import torch
+
+        assert self.ctx is not None
+        with torch.inference_mode():
+            img = self.model.encode_image(self.feats).cpu().numpy()
+            txt = self.model.encode_text(self.ids).cpu().numpy()
+        for s in range(0, len(self.keys), self.chunk):
+            k = self.keys[s:s + self.chunk]
+            self.ctx.bank.update(TEXTS, k, {"embedding": txt[s:s + self.chunk]}, model_step=version.step,
+                                 maker=self.name)
+            self.ctx.bank.update(IMAGES, k, {"embedding": img[s:s + self.chunk]}, model_step=version.step,
+                                 maker=self.name)
+        drift = float("nan") if self.previous is None else float(1.0 - (txt * self.previous).sum(1).mean())
+        self.previous = txt
+        return {"rows": float(2 * len(self.keys)), "text_drift": drift}
+
+
+class ConceptClassifierTrainer(Trainer):
+    """Large output space: classify an emoji image into its concept, class embeddings held in the bank.
+
+    Each step looks up the batch's class embeddings with ``insert=True`` (a class is allocated the
+    first time it is seen, and its frequency counted), samples ``n_sampled`` classes from the bank
+    (``log_uniform`` by frequency rank, or ``uniform``), computes sampled softmax with logQ
+    correction, and sends the class-embedding gradients to the bank's optimizer with
+    ``apply_gradients``. Evaluation is a full top-k over every class in the bank.
+
+    Parameters
+    ----------
+    corpus
+        The corpus; every concept with two or more images keeps one image for testing.
+    sampler, n_sampled
+        Negative class sampler and how many classes per step.
+    batch_size, lr, dim, hidden, seed
+        Optimisation, model sizes and seed.
+    name, max_steps, publish_every
+        See :class:`~carls_dask.runtime.trainer.Trainer`.
+    """
+
+    def __init__(self, corpus: CorpusSpec, *, sampler: str = "log_uniform", n_sampled: int = 64, batch_size: int = 64,
+                 lr: float = 2e-3, dim: int = 64, hidden: int = 128, seed: int = 0, name: str = "classifier",
+                 max_steps: int | None = 300, publish_every: int | None = 50) -> None:
+        super().__init__(name, max_steps=max_steps, publish_every=publish_every)
+        _check_choice(f"ConceptClassifierTrainer {name!r}", "sampler", sampler, ("uniform", "log_uniform"))
+        self.corpus_spec = corpus
+        self.sampler = sampler
+        self.n_sampled = n_sampled
+        self.batch_size = batch_size
+        self.lr = lr
+        self.dim = dim
+        self.hidden = hidden
+        self.seed = seed
+
+    def setup(self, ctx: LoopContext) -> None:
+        import torch
+
+        from paradigms.multimodal.model import ImageQueryHead
+
+        if ctx.bank is None:
+            raise ConfigError(f"ConceptClassifierTrainer {self.name!r} needs a bank with a 'concepts' table")
+        _set_threads(self.corpus_spec)
+        torch.manual_seed(self.seed)
+        self.rng = np.random.default_rng(self.seed)
+        pairs = load_openmoji_pairs(self.corpus_spec.size, limit=self.corpus_spec.limit, seed=self.corpus_spec.seed,
+                                    cache_dir=self.corpus_spec.cache_dir)
+        feats = image_features(pairs.images, cache_dir=self.corpus_spec.cache_dir)
+        test = []
+        for c in np.unique(pairs.concepts):
+            members = np.flatnonzero(pairs.concepts == c)
+            if len(members) >= 2:
+                test.append(members[-1])
+        self.test = np.array(test, dtype=np.int64)
+        self.train = np.setdiff1d(np.arange(len(pairs)), self.test)
+        names = [pairs.concept_names[c] for c in pairs.concepts]
+        self.class_keys = to_int64_keys(names, CONCEPTS)
+        self.device = torch.device(ctx.device)
+        self.feats = torch.from_numpy(feats).to(self.device)
+        self.model = ImageQueryHead(FEATURE_DIM, self.dim, self.hidden).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lr)
+
+    def step(self, step: int) -> Mapping[str, float]:
+        import torch
+
+        from paradigms.multimodal.losses import sampled_softmax_loss
+
+        assert self.ctx is not None
+        bank = self.ctx.bank
+        idx = self.train[self.rng.choice(len(self.train), size=self.batch_size, replace=False)]
+        kb = self.class_keys[idx]
+        true = bank.lookup(CONCEPTS, kb, columns=["embedding"], insert=True)
+        n = min(self.n_sampled, bank.size(CONCEPTS))
+        s = bank.sample_negatives(CONCEPTS, n, sampler=self.sampler, true_keys=kb, seed=self.seed * 1_000_003 + step)
+        neg = bank.lookup(CONCEPTS, s.keys, columns=["embedding"])
+        tw = torch.tensor(true.values["embedding"], device=self.device, requires_grad=True)
+        sw = torch.tensor(neg.values["embedding"], device=self.device, requires_grad=True)
+        q = self.model(self.feats[torch.from_numpy(idx).to(self.device)])
+        loss = sampled_softmax_loss(
+            q, tw, sw, torch.from_numpy(np.log(s.true_expected_count).astype(np.float32)).to(self.device),
+            torch.from_numpy(np.log(s.expected_count).astype(np.float32)).to(self.device),
+            torch.from_numpy(s.keys[None, :] == kb[:, None]).to(self.device), scale=10.0)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        assert tw.grad is not None and sw.grad is not None
+        bank.apply_gradients(CONCEPTS, np.concatenate([kb, s.keys]),
+                             np.concatenate([tw.grad.cpu().numpy(), sw.grad.cpu().numpy()]))
+        return {"loss": float(loss.detach()), "classes": float(bank.size(CONCEPTS)),
+                "new_classes": float((~true.found).sum())}
+
+    def evaluate(self) -> dict[str, float]:
+        """Top-1/top-5 accuracy of held-out images against every class embedding in the bank."""
+        import torch
+
+        assert self.ctx is not None
+        with torch.inference_mode():
+            q = self.model(self.feats[torch.from_numpy(self.test).to(self.device)]).cpu().numpy()
+        k = min(5, self.ctx.bank.size(CONCEPTS))
+        keys, _ = self.ctx.bank.top_k(CONCEPTS, 10.0 * q, k, metric="dot")
+        truth = self.class_keys[self.test]
+        return {"top1": float((keys[:, 0] == truth).mean()), "top5": float((keys == truth[:, None]).any(1).mean()),
+                "n_test": float(len(self.test)), "classes": float(self.ctx.bank.size(CONCEPTS))}
+
+    def finish(self) -> dict[str, float]:
+        return self.evaluate()
+
+
+def default_cache_dir() -> pathlib.Path:
+    """Where rendered images and frozen features are cached: ``carls.data.dir``/multimodal, else ~/.cache."""
+    from carls_dask import config
+
+    base = config.get("data.dir")
+    return pathlib.Path(base) / "multimodal" if base else pathlib.Path.home() / ".cache" / "carls-dask" / "multimodal"

@@ -1,0 +1,68 @@
+"""The dual encoder: trainable heads over frozen image features and hashed text ids."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["DualEncoder", "ImageQueryHead"]
+
+
+class ImageQueryHead(nn.Module):
+    """Maps frozen image features to an L2-normalised ``dim``-d embedding (an MLP)."""
+
+    def __init__(self, feature_dim: int, dim: int, hidden: int = 256) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.LayerNorm(feature_dim), nn.Linear(feature_dim, hidden), nn.GELU(),
+                                 nn.Linear(hidden, dim))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = nn.functional.normalize(self.net(features), dim=-1)
+        return out
+
+
+class DualEncoder(nn.Module):
+    """CLIP-style dual encoder: an image head and a text head into one ``dim``-d unit sphere.
+
+    Parameters
+    ----------
+    feature_dim
+        Size of the frozen image features.
+    text_buckets
+        Number of hashed text token ids (id 0 is padding).
+    dim
+        Embedding size.
+    hidden
+        Width of the heads.
+    temperature
+        Initial softmax temperature; its log is learned (bounded to [0.01, 1]).
+    """
+
+    def __init__(self, feature_dim: int, text_buckets: int, dim: int = 64, hidden: int = 256,
+                 temperature: float = 0.07) -> None:
+        super().__init__()
+        self.image = ImageQueryHead(feature_dim, dim, hidden)
+        self.text_bag = nn.EmbeddingBag(text_buckets, hidden, mode="mean", padding_idx=0)
+        self.text_out = nn.Sequential(nn.GELU(), nn.Linear(hidden, dim))
+        self.log_scale = nn.Parameter(torch.tensor(math.log(1.0 / temperature)))
+
+    def encode_image(self, features: torch.Tensor) -> torch.Tensor:
+        """Unit-norm image embeddings ``[n, dim]``."""
+        out: torch.Tensor = self.image(features)
+        return out
+
+    def encode_text(self, ids: torch.Tensor) -> torch.Tensor:
+        """Unit-norm text embeddings ``[n, dim]`` of 0-padded token ids ``[n, L]``."""
+        out: torch.Tensor = nn.functional.normalize(self.text_out(self.text_bag(ids)), dim=-1)
+        return out
+
+    @property
+    def scale(self) -> torch.Tensor:
+        """The logit scale ``1 / temperature``, clamped to [1, 100]."""
+        return self.log_scale.clamp(0.0, math.log(100.0)).exp()
+
+    def forward(self, features: torch.Tensor, ids: torch.Tensor) -> Any:
+        return self.encode_image(features), self.encode_text(ids)
