@@ -103,6 +103,7 @@ class GraphTrainer(Trainer):
         self.step_seconds = 0.0
         self.timed_steps = 0
         self.lookups = 0
+        self.lookup_seconds = 0.0
         self.age_sum = 0.0
         self.age_n = 0
         self.last_eval: dict[str, float] = {}
@@ -110,7 +111,9 @@ class GraphTrainer(Trainer):
     def _bank_inputs(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         assert self.bank is not None
         slot_keys, _, unique = self.core.neighbour_keys(batch)
+        t0 = time.perf_counter()
         got = self.bank.lookup(NODES_TABLE, unique, columns=["logits"])
+        self.lookup_seconds += time.perf_counter() - t0
         self.lookups += 1
         found = np.asarray(got.found, dtype=bool)
         if found.any():
@@ -160,6 +163,7 @@ class GraphTrainer(Trainer):
             "train_steps_per_s": self.timed_steps / self.step_seconds if self.step_seconds else float("nan"),
             "steps": self.timed_steps,
             "bank_lookups": self.lookups,
+            "lookup_ms": 1000 * self.lookup_seconds / self.lookups if self.lookups else float("nan"),
             "mean_neighbour_age_s": self.age_sum / self.age_n if self.age_n else float("nan"),
         }
 

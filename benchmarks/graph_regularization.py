@@ -1,0 +1,148 @@
+"""Graph regularization on Cora/CiteSeer: base MLP vs in-graph (NSL style) vs the carls-dask bank.
+
+Runs every variant side by side on one LocalCluster (2 workers) and prints:
+
+1. test accuracy (mean and spread over seeds) of: the base MLP, the in-graph graph-regularized
+   MLP (a forward pass per neighbour slot, fresh outputs), the bank version (neighbour logits
+   written by a knowledge maker, read in one batched lookup per step), and the bank version with
+   pseudo labels from a second maker;
+2. trainer steps/s at K = 1, 5, 10 for in-graph vs bank, and each one's rate relative to its K=1 rate.
+
+Targets (issue 6): bank >= base + 2 points and within 1 point of in-graph; bank at K=10 >= 0.9x its
+K=1 rate while in-graph falls to <= 0.35x; pseudo labels add accuracy. Steps/s are measured inside
+the trainer over its step bodies (evaluation excluded), with the makers running beside it.
+
+Usage::
+
+    python benchmarks/graph_regularization.py                 # default: a few minutes on 2 cores
+    python benchmarks/graph_regularization.py --seeds 10 --steps 300 --dataset citeseer
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import statistics
+import sys
+import time
+from typing import Any
+
+from paradigms.semi_supervised.core import SemiSupervisedConfig
+from paradigms.semi_supervised.run import run_semi_supervised
+
+VARIANTS = (
+    ("base MLP", {"mode": "base"}),
+    ("in-graph (NSL style)", {"mode": "in-graph"}),
+    ("carls-dask bank", {"mode": "bank"}),
+    ("carls-dask bank + pseudo labels", {"mode": "bank", "pseudo_labels": True}),
+)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", default="cora", choices=["cora", "citeseer"])
+    p.add_argument("--seeds", type=int, default=5, help="seeds per variant for accuracy (>= 5 for the report)")
+    p.add_argument("--steps", type=int, default=200, help="trainer steps of each accuracy run")
+    p.add_argument("--k", type=int, default=5, help="neighbour slots per node for the accuracy runs")
+    p.add_argument("--ks", default="1,5,10", help="K values of the throughput runs")
+    p.add_argument("--speed-steps", type=int, default=60, help="trainer steps of each throughput run")
+    p.add_argument("--repeats", type=int, default=2, help="throughput runs per (variant, K); the median is kept")
+    p.add_argument("--unlabelled-batch", type=int, default=512, help="unlabelled nodes per step")
+    p.add_argument("--data-dir", default=None, help="data folder (default: carls.data.dir, CARLS_DATA_DIR, ../shared/data)")
+    p.add_argument("--skip-accuracy", action="store_true")
+    p.add_argument("--skip-speed", action="store_true")
+    return p.parse_args(argv)
+
+
+def _fmt(values: list[float]) -> str:
+    mean = statistics.fmean(values)
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{100 * mean:6.2f} ± {100 * sd:4.2f}"
+
+
+def _run(client: Any, args: argparse.Namespace, **kw: Any) -> dict[str, Any]:
+    cfg = SemiSupervisedConfig(dataset=args.dataset, unlabelled_batch=args.unlabelled_batch, **kw)
+    return run_semi_supervised(cfg, cluster=client, data_dir=args.data_dir, progress=False, timeout=1800)
+
+
+def accuracy(client: Any, args: argparse.Namespace) -> dict[str, list[float]]:
+    """Test accuracy of every variant over the seeds (seeds interleaved, so load drifts hit all alike)."""
+    acc: dict[str, list[float]] = {name: [] for name, _ in VARIANTS}
+    extra: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in VARIANTS}
+    for seed in range(args.seeds):
+        for name, kw in VARIANTS:
+            r = _run(client, args, seed=seed, k=args.k, steps=args.steps, **kw)
+            acc[name].append(float(r["test_acc"]))
+            extra[name].append(r)
+            print(f"  seed {seed} {name:34s} test {100 * r['test_acc']:.1f}  (best val {100 * r['best_val_acc']:.1f}"
+                  f" at step {r['best_step']})", flush=True)
+    print(f"\nTest accuracy on {args.dataset} ({args.seeds} seeds, {args.steps} steps, K={args.k}), mean ± std in %:")
+    for name, _ in VARIANTS:
+        print(f"  {name:34s} {_fmt(acc[name])}")
+    pl = [r["makers"].get("pseudo-labeller", {}) for r in extra[VARIANTS[3][0]]]
+    if pl and all(pl):
+        prec = [p["pl_precision"] for p in pl if not math.isnan(p["pl_precision"])]
+        cov = [p["pl_coverage"] for p in pl]
+        if prec:
+            print(f"  pseudo labels at the end: precision {_fmt(prec)} %, coverage {_fmt(cov)} % of unlabelled nodes")
+    ages = [r["mean_neighbour_age_s"] for r in extra[VARIANTS[2][0]]]
+    print(f"  bank: mean age of neighbour rows read {statistics.fmean(ages):.2f} s")
+    return acc
+
+
+def speed(client: Any, args: argparse.Namespace) -> dict[tuple[str, int], float]:
+    """Median trainer steps/s of in-graph and bank at each K."""
+    ks = [int(k) for k in args.ks.split(",")]
+    rates: dict[tuple[str, int], list[float]] = {}
+    lookup: dict[int, list[float]] = {}
+    for rep in range(args.repeats):
+        for k in ks:
+            for mode in ("in-graph", "bank"):
+                r = _run(client, args, mode=mode, k=k, steps=args.speed_steps, seed=rep, eval_every=args.speed_steps)
+                rates.setdefault((mode, k), []).append(float(r["train_steps_per_s"]))
+                if mode == "bank":
+                    lookup.setdefault(k, []).append(float(r["lookup_ms"]))
+                print(f"  repeat {rep} K={k:2d} {mode:9s} {r['train_steps_per_s']:7.2f} steps/s", flush=True)
+    med = {key: statistics.median(v) for key, v in rates.items()}
+    print(f"\nTrainer steps/s on {args.dataset} (median of {args.repeats}, {args.speed_steps} steps each):")
+    print(f"  {'K':>3s} {'in-graph':>10s} {'x K=1':>7s} {'bank':>10s} {'x K=1':>7s} {'bank lookup ms':>15s}")
+    for k in ks:
+        ig, bk = med[("in-graph", k)], med[("bank", k)]
+        print(f"  {k:3d} {ig:10.2f} {ig / med[('in-graph', ks[0])]:7.2f} {bk:10.2f} {bk / med[('bank', ks[0])]:7.2f}"
+              f" {statistics.median(lookup[k]):15.2f}")
+    return med
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    logging.basicConfig(level=logging.WARNING)
+    for name in ("distributed", "distributed.nanny", "distributed.scheduler", "distributed.core"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    from distributed import Client, LocalCluster
+
+    t0 = time.perf_counter()
+    with LocalCluster(n_workers=2, threads_per_worker=2, host="127.0.0.1", dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        acc = accuracy(client, args) if not args.skip_accuracy else {}
+        med = speed(client, args) if not args.skip_speed else {}
+    print("\nTargets:")
+    if acc:
+        m = {name: statistics.fmean(v) for name, v in acc.items()}
+        base, ig, bank, pl = (m[name] for name, _ in VARIANTS)
+        print(f"  bank - base     = {100 * (bank - base):+5.2f} points (target >= +2.00): {'met' if bank - base >= 0.02 else 'NOT met'}")
+        print(f"  bank - in-graph = {100 * (bank - ig):+5.2f} points (target within 1.00): "
+              f"{'met' if abs(bank - ig) <= 0.01 or bank > ig else 'NOT met'}")
+        print(f"  pseudo - bank   = {100 * (pl - bank):+5.2f} points (target > 0): {'met' if pl > bank else 'NOT met'}")
+    if med:
+        ks = [int(k) for k in args.ks.split(",")]
+        rb = med[("bank", ks[-1])] / med[("bank", ks[0])]
+        ri = med[("in-graph", ks[-1])] / med[("in-graph", ks[0])]
+        print(f"  bank K={ks[-1]}/K={ks[0]} = {rb:.2f}x (target >= 0.90): {'met' if rb >= 0.9 else 'NOT met'}")
+        print(f"  in-graph K={ks[-1]}/K={ks[0]} = {ri:.2f}x (target <= 0.35): {'met' if ri <= 0.35 else 'NOT met'}")
+    print(f"\n(total {time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
