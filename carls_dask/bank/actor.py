@@ -19,6 +19,7 @@ import numpy as np
 from carls_dask.bank.core import LookupResult, ShardCore
 from carls_dask.bank.sampling import NegativeSample
 from carls_dask.bank.schema import TableSpec
+from storage.deltalog import MAKERS_TABLE
 
 __all__ = ["MAKERS_TABLE", "BankShard"]
 
@@ -37,8 +38,7 @@ def _locked(method: _F) -> _F:
 
     return wrapper  # type: ignore[return-value]
 
-#: Pseudo-table of the delta log that records maker names as they are registered (code -> UTF-8 bytes).
-MAKERS_TABLE = "__makers__"
+#: MAKERS_TABLE: pseudo-table of the delta log recording maker names as they are registered (code -> UTF-8).
 _MAKER_NAME_BYTES = 256
 
 

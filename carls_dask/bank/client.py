@@ -269,25 +269,41 @@ class KnowledgeBank:
             for i, (s, method, args, kwargs) in enumerate(calls)
             if local[s] is not None
         }
+        limit = self.timeout if timeout is None else timeout
+        remote = [(i, s, fut) for i, (s, fut) in enumerate(pending) if fut is not None]
+        answers: dict[int, Any] = dict(direct)
+        if remote:
+            answers.update(zip([i for i, _, _ in remote], self._wait(remote, limit), strict=True))
+        return [answers[i] for i in range(len(calls))]
+
+    def _wait(self, remote: Sequence[tuple[int, int, Any]], limit: float) -> list[Any]:
+        """Wait for all actor futures in one hop to the event loop; map failures to bank errors."""
+
+        async def one(fut: Any) -> Any:
+            return await fut
+
+        async def all_of() -> list[Any]:
+            return await asyncio.gather(
+                *(asyncio.wait_for(one(fut), limit) for _, _, fut in remote), return_exceptions=True
+            )
+
+        handle = self._shards[remote[0][1]]
+        results = handle._sync(all_of)
         out = []
-        for i, (s, fut) in enumerate(pending):
-            if fut is None:
-                out.append(direct[i])
-                continue
-            limit = self.timeout if timeout is None else timeout
-            try:
-                out.append(fut.result(timeout=limit))
-            except TimeoutError as exc:
-                raise DeadlineExceeded(f"bank {self.name!r}: shard {s} did not answer within {limit:g} s") from exc
-            except OSError as exc:
-                if "Unable to contact Actor" in str(exc) or "lost" in str(exc):
-                    raise ShardLostError(f"bank {self.name!r}: shard {s} cannot be reached ({exc})") from exc
-                raise
-            except RuntimeError as exc:
-                if "Worker holding Actor was lost" in str(exc):
-                    raise ShardLostError(f"bank {self.name!r}: shard {s} was lost with its worker") from exc
-                raise
+        for (_, s, _), res in zip(remote, results, strict=True):
+            if isinstance(res, BaseException):
+                raise self._shard_error(s, res, limit) from res
+            out.append(res)
         return out
+
+    def _shard_error(self, s: int, exc: BaseException, limit: float) -> BaseException:
+        if isinstance(exc, TimeoutError | asyncio.TimeoutError):
+            return DeadlineExceeded(f"bank {self.name!r}: shard {s} did not answer within {limit:g} s")
+        if isinstance(exc, OSError) and "Unable to contact Actor" in str(exc):
+            return ShardLostError(f"bank {self.name!r}: shard {s} cannot be reached ({exc})")
+        if isinstance(exc, RuntimeError) and "Worker holding Actor was lost" in str(exc):
+            return ShardLostError(f"bank {self.name!r}: shard {s} was lost with its worker")
+        return exc
 
     def _keys(self, table: str, keys: Any) -> np.ndarray:
         k = to_int64_keys(keys, table)
