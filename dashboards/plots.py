@@ -14,6 +14,25 @@ import xarray as xr
 
 __all__ = ["LABEL_SLOTS", "bars", "curves", "empty", "heatmap", "pane", "render_projection", "stacked_bars", "warm_up"]
 
+
+
+def _drop_unusable_dask_interface() -> None:
+    """Stop HoloViews from probing dask.dataframe when it cannot import (it needs pyarrow, not installed).
+
+    Otherwise every new plot logs an ImportError traceback while HoloViews looks for a data backend.
+    """
+    try:
+        import dask.dataframe  # noqa: F401
+    except ImportError:
+        from holoviews.core import data as hv_data
+
+        for name in ("dask", "dask_spatialpandas"):
+            while name in hv_data.datatypes:
+                hv_data.datatypes.remove(name)
+
+
+_drop_unusable_dask_interface()
+
 WIDTH = 460
 HEIGHT = 260
 

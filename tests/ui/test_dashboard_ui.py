@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
@@ -22,7 +21,7 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
 from tests.dashboards.runfolder import nodes, write_snapshot
 
-pytestmark = pytest.mark.ui
+pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -30,7 +29,7 @@ ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
-START_DEADLINE = 240.0  # seconds for the server to answer and the page to draw (2 shared cores, cold imports)
+START_DEADLINE = 400.0  # seconds for the server to answer and the page to draw (2 shared cores, cold imports)
 
 
 def _free_port() -> int:
@@ -56,7 +55,7 @@ def _serve(run: pathlib.Path, log: pathlib.Path) -> Iterator[str]:
     cmd = [
         sys.executable, "-m", "panel", "serve", str(ROOT / "dashboards" / "app.py"),
         "--address", "127.0.0.1", "--port", str(port), "--allow-websocket-origin", f"127.0.0.1:{port}",
-        "--args", str(run),
+        "--liveness", "--args", str(run),
     ]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -66,10 +65,8 @@ def _serve(run: pathlib.Path, log: pathlib.Path) -> Iterator[str]:
         while True:
             assert proc.poll() is None, f"panel serve exited with {proc.returncode}: {log.read_text()[-3000:]}"
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5):
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/liveness", timeout=5):
                     break
-            except urllib.error.HTTPError:  # any HTTP answer means the server is up
-                break
             except OSError:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"panel serve did not answer in {START_DEADLINE} s: {log.read_text()[-3000:]}") from None
