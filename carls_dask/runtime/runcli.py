@@ -24,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="trainer steps (default: the paradigm's own)")
     p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="an option for the paradigm (repeatable)")
+    p.add_argument("--dataset", default=None,
+                   help="data set for the paradigm (same as --option dataset=NAME), e.g. cora or citeseer")
 
 
 def _options(pairs: list[str]) -> dict[str, str]:
@@ -50,7 +52,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"run --steps: got {args.steps}; expected a non-negative number of steps")
     runner = get_paradigm(args.paradigm)
     run_dir = args.run_dir or pathlib.Path("runs") / f"{args.paradigm}-{time.strftime('%Y%m%d-%H%M%S')}"
-    request = RunRequest(args.paradigm, run_dir, args.steps, _options(args.option))
+    options = _options(args.option)
+    if getattr(args, "dataset", None):
+        options["dataset"] = args.dataset
+    request = RunRequest(args.paradigm, run_dir, args.steps, options)
     logger.info("running %s into %s", args.paradigm, run_dir)
     status = runner(request)
     return 0 if status is None else int(status)

@@ -78,7 +78,7 @@ class SemiSupervisedConfig:
     distance: str = "kl"
     pseudo_labels: bool = False
     pseudo_weight: float = 0.5
-    threshold: float = 0.9
+    threshold: float = 0.6
     eval_every: int = 10
     seed: int = 0
     neighbour_seed: int = 0

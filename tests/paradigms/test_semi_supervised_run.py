@@ -92,3 +92,19 @@ def test_options_from_the_command_line() -> None:
         config_from_options({"colour": "red"})
     with pytest.raises(ConfigError, match=r"k='many'"):
         config_from_options({"k": "many"})
+
+
+@pytest.mark.slow
+def test_cli_run_semi_supervised_writes_a_run_folder(data_dir: pathlib.Path, tmp_path: pathlib.Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from carls_dask.cli import main
+    from storage import open_bank, open_metrics
+
+    run = tmp_path / "cli-run"
+    status = main(["run", "semi-supervised", "--dataset", "cora", "--steps", "12", "--run-dir", str(run),
+                   "-o", "unlabelled_batch=32", "-o", "hidden=16", "-o", f"data_dir={data_dir}"])
+    assert status == 0
+    assert "cora bank + pseudo labels: test accuracy" in capsys.readouterr().out
+    assert {"bank", "metrics.zarr", "run.json", "truth.npz"} <= {p.name for p in run.iterdir()}
+    assert open_bank(run / "bank", table="nodes").sizes["key"] == 2708
+    assert int(open_metrics(run / "metrics.zarr")["step"].max()) <= 12
