@@ -30,8 +30,9 @@ def pacing_vs_realised(metrics: xr.Dataset | None) -> xr.Dataset | None:
     Returns
     -------
     xarray.Dataset or None
-        Variables ``pacing``, ``realised`` and ``gap`` (realised - pacing) over ``step``, or ``None``
-        when the run writes neither series.
+        Variables ``pacing``, ``realised`` (admitted fraction), ``gap`` (realised - pacing) and, when
+        the run writes it, ``sampled`` (fraction of the data drawn so far) over ``step``; ``None`` when
+        the run writes neither pacing nor admitted fraction.
     """
     if metrics is None:
         return None
@@ -41,7 +42,10 @@ def pacing_vs_realised(metrics: xr.Dataset | None) -> xr.Dataset | None:
     nan = xr.full_like(metrics[have[0]], np.nan, dtype=np.float64)
     pacing = metrics[mn.PACING].astype(np.float64) if mn.PACING in metrics else nan
     realised = metrics[mn.ADMITTED_FRACTION].astype(np.float64) if mn.ADMITTED_FRACTION in metrics else nan
-    return xr.Dataset({"pacing": pacing, "realised": realised, "gap": realised - pacing})
+    out = xr.Dataset({"pacing": pacing, "realised": realised, "gap": realised - pacing})
+    if mn.SAMPLED_FRACTION in metrics.data_vars:
+        out["sampled"] = metrics[mn.SAMPLED_FRACTION].astype(np.float64)
+    return out
 
 
 def admitted_fraction(ds: xr.Dataset, pacing: float) -> float:

@@ -16,6 +16,7 @@ __all__ = [
     "PACING",
     "PL_COVERAGE",
     "PL_PRECISION",
+    "SAMPLED_FRACTION",
     "STEPS_PER_S",
     "TRAIN_LOSS",
     "WALL_TIME",
@@ -41,6 +42,8 @@ PL_COVERAGE = "pl_coverage"
 PACING = "pacing"
 #: Fraction of the data actually admitted (sampled) up to the step.
 ADMITTED_FRACTION = "admitted_fraction"
+#: Fraction of the data the sampler actually drew from so far (realised sampling).
+SAMPLED_FRACTION = "sampled_fraction"
 #: Histogram of difficulty scores over fixed bins, one vector per step (dimension ``difficulty_bin``).
 DIFFICULTY_HIST = "difficulty_hist"
 #: Accuracy per difficulty bin, one vector per step (dimension ``difficulty_bin``).

@@ -53,7 +53,8 @@ class CurriculumView(RunView):
         self.pacing = pacing_vs_realised(self.reader.metrics())
         if self.pacing is not None:
             self._pacing.object = plots.curves(
-                [("pacing", self.pacing["pacing"].dropna("step")), ("realised", self.pacing["realised"].dropna("step"))],
+                [(name, self.pacing[var].dropna("step")) for name, var in
+                 (("pacing", "pacing"), ("admitted", "realised"), ("sampled", "sampled")) if var in self.pacing],
                 "pacing function vs realised sampling",
                 ylabel="fraction of data",
             )

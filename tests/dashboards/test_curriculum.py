@@ -24,6 +24,10 @@ def test_pacing_vs_realised_over_steps() -> None:
     out = pacing_vs_realised(m)
     assert out is not None
     np.testing.assert_allclose(out["gap"].values, [0.0, 0.05, -0.1])
+    assert "sampled" not in out
+    m["sampled_fraction"] = ("step", [0.05, 0.15, 0.3])
+    with_sampled = pacing_vs_realised(m)
+    assert with_sampled is not None and with_sampled["sampled"].values.tolist() == [0.05, 0.15, 0.3]
     only = pacing_vs_realised(m[["pacing"]])
     assert only is not None and np.isnan(only["realised"].values).all()
     assert pacing_vs_realised(xr.Dataset({"loss": ("step", [1.0])})) is None
