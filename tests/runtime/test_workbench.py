@@ -176,3 +176,20 @@ def test_lifecycle_and_argument_errors(client: Any) -> None:
     with pytest.raises(LifecycleError, match="while 'closed'"):
         wb.submit_trainer(DigitsTrainer("t2"))
     wb.close()  # idempotent
+
+
+def test_colocated_shards_live_on_the_first_trainers_worker(client: Any) -> None:
+    with Workbench(client, progress=False) as wb:
+        bank = wb.create_bank([digits_table()], n_shards=2, placement="colocate")
+        handle = wb.submit_trainer(DigitsTrainer("trainer", max_steps=20, publish_every=10, lr=0.02))
+        wb.wait(timeout=180)
+        home = wb.home_worker()
+        prefix = f"{bank.name}-shard-"
+        actors = wb.client.run(lambda dask_worker: sorted(k for k in dask_worker.state.actors
+                                                          if str(k).startswith(prefix)))
+        ran_on = wb.client.who_has(handle.future)[handle.future.key]
+        results = wb.stop(timeout=30)
+        assert bank.n_shards == 2
+    assert len(actors[home]) == 2 and all(not keys for addr, keys in actors.items() if addr != home)
+    assert list(ran_on) == [home]
+    assert results["trainer"].steps == 20
