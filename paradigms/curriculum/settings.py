@@ -88,8 +88,8 @@ class CurriculumSettings:
     warmup: float = 0.1
     balanced: bool = True
     scorer: str = "loss"
-    clean: str = "relabel"
-    clean_confidence: float = 0.8
+    clean: str = "downweight"
+    clean_confidence: float = 0.6
     clean_rounds: int = 2
     flagged_weight: float = 0.0
     publish_every: int = 100
