@@ -111,15 +111,20 @@ class GraphTrainer(Trainer):
     def _bank_inputs(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         assert self.bank is not None
         slot_keys, _, unique = self.core.neighbour_keys(batch)
-        t0 = time.perf_counter()
-        got = self.bank.lookup(NODES_TABLE, unique, columns=["logits"])
-        self.lookup_seconds += time.perf_counter() - t0
-        self.lookups += 1
-        found = np.asarray(got.found, dtype=bool)
-        if found.any():
-            self.age_sum += float(np.asarray(got.age)[found].sum())
-            self.age_n += int(found.sum())
-        logits, present = expand_neighbour_rows(slot_keys, unique, np.asarray(got.values["logits"]), found)
+        if len(unique):
+            t0 = time.perf_counter()
+            got = self.bank.lookup(NODES_TABLE, unique, columns=["logits"])
+            self.lookup_seconds += time.perf_counter() - t0
+            self.lookups += 1
+            found = np.asarray(got.found, dtype=bool)
+            rows = np.asarray(got.values["logits"])
+            if found.any():
+                self.age_sum += float(np.asarray(got.age)[found].sum())
+                self.age_n += int(found.sum())
+        else:  # a batch of isolated nodes (CiteSeer has some): nothing to look up
+            found = np.zeros(0, dtype=bool)
+            rows = np.zeros((0, self.graph.n_classes), dtype=np.float32)
+        logits, present = expand_neighbour_rows(slot_keys, unique, rows, found)
         out = {"neighbour_logits": logits, "neighbour_present": present}
         if self.config.pseudo_labels:
             n_train = len(self.graph.train)
