@@ -23,6 +23,7 @@ the swap leaves the previous snapshot listed, complete and untouched.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -30,6 +31,7 @@ import os
 import pathlib
 import re
 import shutil
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -73,6 +75,8 @@ MANIFEST = "manifest.json"
 SNAPSHOTS = "snapshots"
 _VERSION_RE = re.compile(r"^v(\d{6,})$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+#: Threads that write or read a snapshot's arrays concurrently.
+IO_THREADS = max(1, min(4, os.cpu_count() or 1))
 _REQUIRED = ("keys", "bucket", "frequency", "prov/version", "prov/model_step", "prov/maker", "prov/wall_time")
 
 
@@ -331,6 +335,36 @@ def _plain_codecs(z: zarr.Array) -> bool | None:
     return bool(codecs[-1]["name"] == "crc32c")
 
 
+_ZEROS = np.zeros(1 << 20, dtype=np.uint8)
+_SCRATCH = threading.local()
+
+
+def _scratch(nbytes: int, slot: str = "rows") -> np.ndarray:
+    """A per-thread byte buffer reused across chunks (fresh memory costs page faults on every first touch)."""
+    buf = getattr(_SCRATCH, slot, None)
+    if buf is None or buf.nbytes < nbytes:
+        buf = np.empty(max(nbytes, 1), dtype=np.uint8)
+        setattr(_SCRATCH, slot, buf)
+    return buf[:nbytes]
+
+
+def _read_into(fh: Any, data: np.ndarray) -> int:
+    view = memoryview(data.data)
+    got = 0
+    while got < len(view):
+        n = fh.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
+def _write_all(fh: Any, data: np.ndarray) -> None:
+    view = memoryview(data.data)
+    while view:
+        view = view[fh.write(view) :]
+
+
 def _write_chunks(z: zarr.Array, folder: pathlib.Path, a: np.ndarray, order: np.ndarray | None) -> bool:
     """Write the chunks of an uncompressed array directly as files; False if its codecs need Zarr.
 
@@ -350,19 +384,29 @@ def _write_chunks(z: zarr.Array, folder: pathlib.Path, a: np.ndarray, order: np.
     c = int(z.chunks[0])
     n = int(a.shape[0])
     trailing = "/".join("0" for _ in a.shape[1:])
+    row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
     for i, start in enumerate(range(0, n, c)):
         stop = min(n, start + c)
-        block = np.take(a, order[start:stop], axis=0) if order is not None else np.ascontiguousarray(a[start:stop])
-        if stop - start < c:
-            padded = np.zeros((c, *a.shape[1:]), dtype=a.dtype)
-            padded[: stop - start] = block
-            block = padded
+        if order is not None:
+            block = _scratch((stop - start) * row_bytes).view(a.dtype).reshape(stop - start, *a.shape[1:])
+            np.take(a, order[start:stop], axis=0, out=block)
+        else:
+            block = np.ascontiguousarray(a[start:stop])
+        data = block.reshape(-1).view(np.uint8)
+        pad = (c - (stop - start)) * row_bytes  # the last chunk is stored at full size, padded with zeros
         key = f"c/{i}" + (f"/{trailing}" if trailing else "")
         (folder / key).parent.mkdir(parents=True, exist_ok=True)
-        with open(folder / key, "wb") as fh:
-            fh.write(block.data.cast("B"))
+        with open(folder / key, "wb", buffering=0) as fh:
+            _write_all(fh, data)
+            value = google_crc32c.value(data) if crc else 0
+            while pad:
+                piece = min(pad, len(_ZEROS))
+                _write_all(fh, _ZEROS[:piece])
+                if crc:
+                    value = google_crc32c.extend(value, _ZEROS[:piece])
+                pad -= piece
             if crc:
-                fh.write(int(google_crc32c.value(block.reshape(-1).view(np.uint8))).to_bytes(4, "little"))
+                fh.write(int(value).to_bytes(4, "little"))
     return True
 
 
@@ -419,6 +463,7 @@ def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: 
     group = zarr.open_group(str(vdir / f"{_shard_name(shard)}.zarr"), mode="w-", zarr_format=3)
     info_tables: dict[str, Any] = {}
     zroot = vdir / f"{_shard_name(shard)}.zarr"
+    jobs: list[tuple[zarr.Array, pathlib.Path, np.ndarray, np.ndarray | None]] = []
     for tname, arrays in tables.items():
         order, offsets = _bucket_order(arrays["bucket"], buckets)
         arrays = {**arrays, "bucket_offsets": offsets}
@@ -435,12 +480,17 @@ def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: 
                 # every chunk is written, even all-zero ones, so a missing chunk file means damage
                 config={"write_empty_chunks": True},
             )
-            ordered = order if name != "bucket_offsets" else None
-            if a.size and not _write_chunks(z, zroot / tname / name, a, ordered):
-                z[...] = np.take(a, ordered, axis=0) if ordered is not None else a
+            if a.size:
+                jobs.append((z, zroot / tname / name, a, order if name != "bucket_offsets" else None))
             if name != "bucket_offsets":
                 described[name] = {"dtype": a.dtype.str, "shape": list(a.shape[1:])}
         info_tables[tname] = {"rows": int(arrays["keys"].shape[0]), "arrays": described}
+    # arrays are written concurrently (gathers and file writes release the GIL); Zarr-encoded ones after
+    with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
+        done = list(pool.map(lambda job: _write_chunks(*job), jobs))
+    for (z, _folder, a, ordered), direct in zip(jobs, done, strict=True):
+        if not direct:
+            z[...] = np.take(a, ordered, axis=0) if ordered is not None else a
     nbytes = fsync_tree(vdir / f"{_shard_name(shard)}.zarr")
     info = {
         "shard": shard,
@@ -654,20 +704,27 @@ def _read_rows(z: zarr.Array, folder: pathlib.Path, start: int, stop: int, dest:
         hi = min(stop, lo + c)
         key = f"c/{i}" + (f"/{trailing}" if trailing else "")
         part = flat[(lo - start) * row_bytes : (hi - start) * row_bytes]
-        with open(folder / key, "rb") as fh:
-            got = fh.readinto(part.data)
-            rest = fh.read()
         pad = (c - (hi - lo)) * row_bytes
-        if got != part.nbytes or len(rest) != pad + (4 if crc else 0):
-            raise CorruptStoreError(
-                f"chunk {key} of {folder} has {got + len(rest)} bytes; expected {c * row_bytes + (4 if crc else 0)}"
-            )
-        if crc:
-            value = google_crc32c.value(part)
-            if pad:
-                value = google_crc32c.extend(value, rest[:pad])
-            if int(value).to_bytes(4, "little") != rest[pad:]:
-                raise CorruptStoreError(f"chunk {key} of {folder}: checksum mismatch; the chunk is damaged")
+        with open(folder / key, "rb", buffering=0) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            expected = c * row_bytes + (4 if crc else 0)
+            if size != expected:
+                raise CorruptStoreError(f"chunk {key} of {folder} has {size} bytes; expected {expected}")
+            got = _read_into(fh, part)
+            value = google_crc32c.value(part) if crc else 0
+            while pad and crc:  # the padding of the last chunk only matters to the checksum
+                piece = _read_into(fh, _scratch(min(pad, 1 << 20), "pad"))
+                if not piece:
+                    break
+                value = google_crc32c.extend(value, _scratch(piece, "pad"))
+                pad -= piece
+            if crc:
+                fh.seek(size - 4)
+                stored = fh.read(4)
+        if got != part.nbytes:
+            raise CorruptStoreError(f"chunk {key} of {folder}: short read ({got} of {part.nbytes} bytes)")
+        if crc and int(value).to_bytes(4, "little") != stored:
+            raise CorruptStoreError(f"chunk {key} of {folder}: checksum mismatch; the chunk is damaged")
 
 
 def _array(group: zarr.Group, name: str) -> zarr.Array:
@@ -786,32 +843,40 @@ def read_snapshot(
         for t in want_tables
     }
     pos: dict[str, int] = dict.fromkeys(want_tables, 0)
+    reads = []
     for s_key, group, zpath, code_map, tname, arr_names, spans, masks, rows in plans:
-        p0 = pos[tname]
+        for nm in arr_names:
+            z = _array(group, f"{tname}/{nm}")
+            _check_chunks(z, zpath / tname / nm, what)
+            reads.append((s_key, z, zpath / tname / nm, out[tname][nm], pos[tname], spans, masks, code_map, nm))
+        pos[tname] += rows
+
+    def fill(job: tuple[Any, ...]) -> None:
+        s_key, z, folder, dest, p0, spans, masks, code_map, nm = job
         try:
-            for nm in arr_names:
-                z = _array(group, f"{tname}/{nm}")
-                _check_chunks(z, zpath / tname / nm, what)
-                dest = out[tname][nm]
-                p = p0
-                for i, (s, e) in enumerate(spans):
-                    if masks is None:
-                        _read_rows(z, zpath / tname / nm, s, e, dest[p : p + e - s])
-                        p += e - s
-                    else:
-                        block = np.empty((e - s, *z.shape[1:]), dtype=z.dtype)
-                        _read_rows(z, zpath / tname / nm, s, e, block)
-                        block = block[masks[i]]
-                        dest[p : p + block.shape[0]] = block
-                        p += block.shape[0]
-                if nm == "prov/maker" and p > p0:
-                    codes = dest[p0:p]
-                    if codes.min() < 0 or codes.max() >= code_map.shape[0]:
-                        raise CorruptStoreError(f"{what}: shard {s_key} has maker codes outside its maker list")
-                    dest[p0:p] = code_map[codes]
+            p = p0
+            for i, (s, e) in enumerate(spans):
+                if masks is None:
+                    _read_rows(z, folder, s, e, dest[p : p + e - s])
+                    p += e - s
+                else:
+                    row_bytes = z.dtype.itemsize * int(np.prod(z.shape[1:], dtype=np.int64))
+                    block = _scratch((e - s) * row_bytes).view(z.dtype).reshape(e - s, *z.shape[1:])
+                    _read_rows(z, folder, s, e, block)
+                    block = block[masks[i]]
+                    dest[p : p + block.shape[0]] = block
+                    p += block.shape[0]
+            if nm == "prov/maker" and p > p0:
+                codes = dest[p0:p]
+                if codes.min() < 0 or codes.max() >= code_map.shape[0]:
+                    raise CorruptStoreError(f"{what}: shard {s_key} has maker codes outside its maker list")
+                dest[p0:p] = code_map[codes]
         except (CorruptStoreError, StoreNotFoundError):
             raise
         except Exception as exc:  # zarr raises assorted errors on damaged chunks (checksum, decode)
-            raise CorruptStoreError(f"{what}: shard {s_key}, table {tname!r} cannot be read: {exc}") from exc
-        pos[tname] = p0 + rows
+            raise CorruptStoreError(f"{what}: shard {s_key}, {folder.name} cannot be read: {exc}") from exc
+
+    with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
+        for f in [pool.submit(fill, job) for job in reads]:
+            f.result()  # re-raises the first failure
     return out
