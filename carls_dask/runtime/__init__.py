@@ -13,6 +13,7 @@ from carls_dask.runtime.context import LoopContext, LoopResult, MakerRound, Thre
 from carls_dask.runtime.lifecycle import Lifecycle, State
 from carls_dask.runtime.loops import run_loop, run_maker, run_trainer
 from carls_dask.runtime.maker import KnowledgeMaker
+from carls_dask.runtime.registry import RunRequest, available_paradigms, register_paradigm
 from carls_dask.runtime.trainer import Trainer
 from carls_dask.runtime.workbench import LoopHandle, LoopStatus, Workbench
 
@@ -27,11 +28,14 @@ __all__ = [
     "MakerRound",
     "ModelChannel",
     "ModelVersion",
+    "RunRequest",
     "State",
     "ThreadStop",
     "Trainer",
     "Workbench",
+    "available_paradigms",
     "pick_device",
+    "register_paradigm",
     "run_loop",
     "run_maker",
     "run_trainer",

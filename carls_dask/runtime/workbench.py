@@ -372,8 +372,8 @@ class Workbench:
                                    repr(h.error) if h.error is not None else None)
         return out
 
-    def _raise_failure(self) -> None:
-        if self._failure is not None and not self._failure_raised:
+    def _raise_failure(self, *, again: bool = False) -> None:
+        if self._failure is not None and (again or not self._failure_raised):
             name, exc = self._failure
             self._failure_raised = True
             kind = self._loops[name].kind
@@ -399,12 +399,12 @@ class Workbench:
             self._check_loops()
             if self._failure is not None:
                 self._finish(self.stop_timeout, raise_failure=False)
-                self._raise_failure()
+                self._raise_failure(again=True)
             if all(h.future.done() for h in targets):
                 self._check_loops()
                 if self._failure is None:
                     return
-                continue
+                continue  # a target failed: the branch above stops the others and raises
             if deadline is not None and time.monotonic() >= deadline:
                 left = [h.name for h in targets if not h.future.done()]
                 raise DeadlineExceeded(f"Workbench {self.name!r}: {left} still running after {timeout:g}s")

@@ -140,6 +140,9 @@ def test_failure_is_raised_once_by_results(client: Any) -> None:
             wb.results()
         assert isinstance(info.value.__cause__, ArithmeticError)
         assert wb.results() == {}  # already reported; leaving the block does not raise again
+        with pytest.raises(LoopFailedError):  # but waiting on a failed Workbench always says why
+            wb.wait(timeout=30)
+        assert wb.state is State.FAILED
 
 
 def test_stop_past_its_deadline_cancels_and_says_so(client: Any) -> None:
