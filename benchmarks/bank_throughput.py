@@ -2,7 +2,7 @@
 
 For batches of 4096 and 65,536 fresh random keys at d=64 it measures rows/s of:
 
-- ``bank``: ``KnowledgeBank.lookup`` from this process to 2 remote shard actors (one per worker);
+- ``bank``: ``KnowledgeBank.lookup`` from this process to remote shard actors (``--shards``, default 2);
 - ``bare actor``: a Dask actor that returns a preallocated array of the same bytes (transport floor);
 - ``co-located``: ``KnowledgeBank.lookup`` from a task running on the worker that holds the shard;
 - ``local gather``: ``np.take`` of random rows from an in-memory array, in that same task;
@@ -110,6 +110,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=400_000, help="rows in the lookup table (default 400k)")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    ap.add_argument("--shards", type=int, default=2, help="remote shards of the bank (default 2, one per worker)")
     args = ap.parse_args()
 
     import dask
@@ -134,15 +135,15 @@ def main() -> None:
                          memory_limit=0) as cluster, Client(cluster, direct_to_workers=True) as client:
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
         t0 = time.perf_counter()
-        bank = KnowledgeBank.create(client, [lookup_table, grad_table], n_shards=2, workers=workers,
-                                    initial_capacity=n_rows // 2 + 4096)
+        bank = KnowledgeBank.create(client, [lookup_table, grad_table], n_shards=args.shards, workers=workers,
+                                    initial_capacity=n_rows // args.shards + 4096)
         for i in range(0, n_rows, 65536):
             bank.lookup("bench", keys[i:i + 65536], insert=True)
         for i in range(0, grad_rows, 65536):
             bank.lookup("grad", keys[i:i + min(65536, grad_rows - i)], insert=True)
-        print(f"loaded {n_rows:,} + {grad_rows:,} rows into 2 shards in {time.perf_counter() - t0:.1f} s")
+        print(f"loaded {n_rows:,} + {grad_rows:,} rows into {args.shards} shards in {time.perf_counter() - t0:.1f} s")
 
-        results["bank (2 remote shards)"] = {b: rate(lambda k: bank.lookup("bench", k), keys_for, b, r)
+        results["bank (remote shards)"] = {b: rate(lambda k: bank.lookup("bench", k), keys_for, b, r)
                                               for b, r in reps.items()}
         bare = client.submit(Bare, n_rows, actor=True, workers=[workers[1]]).result()
         results["bare actor (floor)"] = {b: rate(lambda k: bare.get(k).result(), keys_for, b, r)
@@ -198,9 +199,9 @@ def main() -> None:
     checks = []
     for b in BATCHES:
         checks += [
-            (f"bank / bare actor, batch {b}", results["bank (2 remote shards)"][b] / results["bare actor (floor)"][b], 0.5),
+            (f"bank / bare actor, batch {b}", results["bank (remote shards)"][b] / results["bare actor (floor)"][b], 0.5),
             (f"co-located / local gather, batch {b}", results["co-located"][b] / results["local gather"][b], 0.5),
-            (f"bank / redis, batch {b}", results["bank (2 remote shards)"][b] / results["redis MGET"][b],
+            (f"bank / redis, batch {b}", results["bank (remote shards)"][b] / results["redis MGET"][b],
              3.0 if b == 4096 else 5.0),
         ]
     for name, got, target in checks:
