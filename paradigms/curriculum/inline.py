@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from carls_dask.bank.core import LookupResult, ShardCore
-from carls_dask.runtime.channel import ModelVersion
+from carls_dask.runtime.channel import LocalModelChannel
 from carls_dask.runtime.context import LoopContext, ThreadStop, pick_device
 from paradigms.curriculum.loops import CurriculumTrainer, DifficultyMaker, difficulty_table
 from paradigms.curriculum.settings import CurriculumSettings
@@ -103,11 +103,11 @@ def run_inline(settings: CurriculumSettings, *, with_maker: bool | None = None, 
         with_maker = settings.pacing != "uniform" or settings.clean != "none"
     bank = LocalBank([difficulty_table()]) if with_maker else None
     stop = ThreadStop()
+    channel = LocalModelChannel("trainer")
     device = pick_device()
 
     def ctx(name: str, kind: str) -> LoopContext:
-        return LoopContext(name=name, kind=kind, device=device, channel=None, stop=stop,  # type: ignore[arg-type]
-                           bank=bank)
+        return LoopContext(name=name, kind=kind, device=device, channel=channel, stop=stop, bank=bank)
 
     trainer = CurriculumTrainer(settings)
     maker = DifficultyMaker(settings, snapshot_dir=snapshot_dir) if with_maker else None
@@ -125,10 +125,12 @@ def run_inline(settings: CurriculumSettings, *, with_maker: bool | None = None, 
                 on_step(step, metrics)
             done = step + 1
             if maker is not None and (done % settings.publish_every == 0 or done == settings.steps):
-                version += 1
-                record = ModelVersion(version, done, time.time(), trainer.name)
-                maker.load_model(trainer.publish_state(), record)
-                made = {k: float(v) for k, v in maker.make(record).items()}
+                record = channel.publish(trainer.publish_state(), step=done, producer=trainer.name)
+                got = channel.fetch(newer_than=version)
+                assert got is not None
+                version = record.version
+                maker.load_model(got[1], got[0])
+                made = {k: float(v) for k, v in maker.make(got[0]).items()}
         value = trainer.finish()
     finally:
         trainer.teardown()

@@ -190,8 +190,8 @@ def _load(dataset: str, n_train: int | None, n_test: int | None, seed: int, data
 def load_data(s: CurriculumSettings) -> CurriculumData:
     """Load the images and inject the training-label noise (same settings, same result).
 
-    The subset of images depends on ``seed`` only through a fixed offset, so runs with different
-    seeds share neither their subset nor their noise: each seed is a full repetition.
+    ``seed`` picks the image subset and, through a derived seed, which labels are flipped, so
+    runs with different seeds differ in both: each seed is a full repetition.
     """
     images = _load(s.dataset, s.n_train, s.n_test, s.seed, s.data_dir)
     noisy = symmetric_noise(images.y_train, s.noise, images.n_classes, seed=10_007 + s.seed)
