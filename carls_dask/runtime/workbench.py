@@ -381,8 +381,10 @@ class Workbench:
                                   "the other loops were stopped") from exc
 
     # -- waiting, stopping, results -------------------------------------------------------------
-    def wait(self, timeout: float | None = None) -> None:
+    def wait(self, timeout: float | str | None = None) -> None:
         """Block until every trainer has ended (every loop, when no trainer runs).
+
+        ``timeout`` (seconds or a Dask time string) defaults to ``carls.runtime.wait-timeout``.
 
         Raises
         ------
@@ -394,7 +396,8 @@ class Workbench:
         """
         self._life.require(State.RUNNING, State.FAILED, action="wait")
         targets = [h for h in self._loops.values() if h.kind == "trainer"] or list(self._loops.values())
-        deadline = None if timeout is None else time.monotonic() + timeout
+        seconds = config.get_seconds("runtime.wait-timeout", timeout)
+        deadline = time.monotonic() + seconds
         while True:
             self._check_loops()
             if self._failure is not None:
@@ -405,9 +408,10 @@ class Workbench:
                 if self._failure is None:
                     return
                 continue  # a target failed: the branch above stops the others and raises
-            if deadline is not None and time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 left = [h.name for h in targets if not h.future.done()]
-                raise DeadlineExceeded(f"Workbench {self.name!r}: {left} still running after {timeout:g}s")
+                raise DeadlineExceeded(f"Workbench {self.name!r}: {left} still running after {seconds:g}s "
+                                       "(the loops keep running; stop() ends them)")
             time.sleep(0.05)
 
     def stop(self, timeout: float | str | None = None) -> dict[str, LoopResult]:

@@ -152,6 +152,9 @@ def test_stop_past_its_deadline_cancels_and_says_so(client: Any) -> None:
             deadline = time.monotonic() + 120
             while "step" not in wb.status()["sleepy"].progress and time.monotonic() < deadline:
                 time.sleep(0.1)
+            with pytest.raises(DeadlineExceeded, match=r"\['sleepy'\] still running after 0.2s"):
+                wb.wait(timeout=0.2)
+            assert wb.status()["sleepy"].state == "running"  # a missed wait deadline stops nothing
             t0 = time.monotonic()
             try:
                 wb.stop(timeout=0.5)
