@@ -41,7 +41,10 @@ class Dashboard(pn.viewable.Viewer):
     """
 
     reader = param.ClassSelector(class_=RunReader, doc="Reader of the run folder shown.")
-    period = param.Number(default=1.0, bounds=(0.1, 3600.0), doc="Seconds between periodic refreshes.")
+    period = param.Number(default=1.0, bounds=(0.1, 3600.0), doc="Seconds between refreshes of the headline figures.")
+    plot_period = param.Number(
+        default=5.0, bounds=(0.1, 3600.0), doc="Least seconds between redraws of the plots (they cost far more)."
+    )
     last_refresh = param.Number(default=0.0, doc="Unix time the last refresh finished.", constant=False)
     refresh_seconds = param.Number(default=0.0, doc="How long the last refresh took, in seconds.")
 
@@ -56,6 +59,7 @@ class Dashboard(pn.viewable.Viewer):
         self._fast_busy = False
         self._slow_busy = False
         self._slow_task: asyncio.Future[None] | None = None
+        self._slow_started = -float("inf")
         self._callback: pn.io.PeriodicCallback | None = None
 
     def refresh(self) -> None:
@@ -91,7 +95,9 @@ class Dashboard(pn.viewable.Viewer):
     async def _tick(self) -> None:
         # The headline figures (bank size, newest write) must keep up even while plots are redrawn or
         # a new snapshot's drift is computed, so they refresh on their own.
-        if self._slow_task is None or self._slow_task.done():
+        now = time.monotonic()
+        if (self._slow_task is None or self._slow_task.done()) and now - self._slow_started >= self.plot_period:
+            self._slow_started = now
             slow = tuple(view.refresh for view in self.views)
             self._slow_task = asyncio.ensure_future(self._refresh_in_thread(slow, "_slow_busy"))
         await self._refresh_in_thread((self.health.refresh_numbers,), "_fast_busy")

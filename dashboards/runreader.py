@@ -84,8 +84,12 @@ class RunReader:
         self._latest_stamp: tuple[int, ...] = ()
         self._truth: xr.DataArray | None = None
         self._truth_stamp = -1
-        # Views may refresh from several threads; one read of the store at a time keeps the caches whole.
-        self._lock = threading.RLock()
+        # Views refresh from several threads. One lock per cache, so that the cheap reads of the newest
+        # state (every tick) never wait behind a long run of snapshot reads for the plots.
+        self._snap_lock = threading.RLock()
+        self._latest_lock = threading.Lock()
+        self._metrics_lock = threading.Lock()
+        self._truth_lock = threading.Lock()
 
     # ------------------------------------------------------------------ what is there
 
@@ -198,7 +202,7 @@ class RunReader:
             if open_bank is not None and (self.bank_path / "manifest.json").exists():
                 ds = open_bank(self.bank_path, table=self.table).load()
             elif snaps:
-                ds = self._snapshot(int(snaps[-1]["version"]))
+                ds = self.snapshot(int(snaps[-1]["version"]))
             else:
                 return None
         except StoreNotFoundError:
@@ -236,12 +240,12 @@ class RunReader:
 
         Re-reads only when the store changed since the last call.
         """
-        with self._lock:
+        with self._metrics_lock:
             return self._metrics_read()
 
     def snapshot(self, version: int) -> xr.Dataset:
         """The table as of a committed snapshot version (cached: snapshots never change)."""
-        with self._lock:
+        with self._snap_lock:
             return self._snapshot(version)
 
     def latest(self) -> xr.Dataset | None:
@@ -250,10 +254,10 @@ class RunReader:
         Uses :func:`storage.open_bank` when storage provides it, else the newest committed snapshot.
         Re-reads only when the manifest or a delta segment changed.
         """
-        with self._lock:
+        with self._latest_lock:
             return self._latest_read()
 
     def truth(self) -> xr.DataArray | None:
         """Held-out labels over ``key`` from ``truth.npz``, or ``None`` when the run has none."""
-        with self._lock:
+        with self._truth_lock:
             return self._truth_read()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import pathlib
 
@@ -137,3 +138,19 @@ def test_dashboard_command_binds_localhost_by_default(capsys: pytest.CaptureFixt
 
 def test_nan_free_summary_numbers(dashboard: Dashboard) -> None:
     assert not math.isnan(dashboard.health.summary["wall_time"])
+
+
+def test_ticks_refresh_figures_each_time_and_plots_at_most_once_per_plot_period(run: pathlib.Path) -> None:
+    d = Dashboard(reader=RunReader(run), plot_period=3600)
+
+    async def two_ticks() -> bool:
+        await d._tick()
+        first = d._slow_task
+        assert first is not None
+        await first
+        await d._tick()
+        return d._slow_task is first
+
+    assert asyncio.run(two_ticks())  # the second tick did not start another plot refresh
+    assert d.health.rows.value == 600 and d.drift.drift() is not None
+    assert "refreshed" in d.status.object

@@ -100,8 +100,30 @@ def _open(browser: Browser, url: str) -> tuple[Page, list[str]]:
     return page, errors
 
 
+_ALL_TEXT = """() => {
+  const out = [];
+  const walk = (root) => {
+    for (const el of root.querySelectorAll('*')) {
+      if (el.shadowRoot) walk(el.shadowRoot);
+      if (el.children.length === 0 && el.textContent.trim()) out.push(el.textContent.trim());
+    }
+  };
+  walk(document);
+  return out;
+}"""
+
+
+def _texts(page: Page) -> list[str]:
+    """Text of every leaf element, through the shadow roots Panel renders into."""
+    return list(page.evaluate(_ALL_TEXT))
+
+
 def _wait_text(page: Page, pattern: str, timeout: float) -> None:
-    page.get_by_text(re.compile(pattern)).first.wait_for(timeout=timeout * 1000)
+    try:
+        page.get_by_text(re.compile(pattern)).first.wait_for(timeout=timeout * 1000)
+    except Exception as exc:
+        shown = [s for s in _texts(page) if len(s) < 200][:80]
+        raise AssertionError(f"{pattern!r} not on the page after {timeout} s; the page shows {shown}") from exc
 
 
 @pytest.fixture
