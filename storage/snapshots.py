@@ -753,6 +753,7 @@ def read_snapshot(
     *,
     tables: Sequence[str] | None = None,
     names: Sequence[str] | None = None,
+    expect: Mapping[str, Mapping[str, tuple[Any, Sequence[int]]]] | None = None,
 ) -> dict[str, dict[str, np.ndarray]]:
     """Read a committed snapshot's rows, optionally only those of a set of buckets.
 
@@ -768,6 +769,9 @@ def read_snapshot(
         Only these tables.
     names : sequence of str, optional
         Only these arrays (``keys`` and ``bucket`` always come along).
+    expect : dict, optional
+        ``{table: {name: (dtype, row_shape)}}`` the caller will load the rows into (e.g. a running bank's
+        columns); any difference raises before anything is read.
 
     Returns
     -------
@@ -778,7 +782,7 @@ def read_snapshot(
     Raises
     ------
     StoreNotFoundError, IncompatibleStoreError, CorruptStoreError
-        Missing store or version, other format, or damaged/missing chunks.
+        Missing store or version, other format, damaged/missing chunks, or arrays unlike ``expect``.
     """
     rootp = pathlib.Path(root)
     man = read_manifest(rootp, version)
@@ -788,6 +792,19 @@ def read_snapshot(
     for t in want_tables:
         if t not in man["tables"]:
             raise StoreNotFoundError(f"{what}: no table {t!r}; tables are {sorted(man['tables'])}")
+    for t, arrays in (expect or {}).items():
+        stored = man["tables"].get(t, {}).get("arrays", {})
+        for nm, (dtype, shape) in arrays.items():
+            if nm not in stored:
+                raise IncompatibleStoreError(
+                    f"{what}: table {t!r} has no array {nm!r}; it has {sorted(stored)}"
+                )
+            got = (np.dtype(stored[nm]["dtype"]), tuple(stored[nm]["shape"]))
+            if got != (np.dtype(dtype), tuple(shape)):
+                raise IncompatibleStoreError(
+                    f"{what}: table {t!r}, array {nm!r} is {got[0]}{list(got[1])} per row; "
+                    f"expected {np.dtype(dtype)}{list(shape)}"
+                )
     wanted = None if buckets is None else np.unique(np.asarray(
         buckets if isinstance(buckets, np.ndarray) else list(buckets), dtype=np.int64))
     makers = man["makers"]

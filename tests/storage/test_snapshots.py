@@ -245,3 +245,15 @@ def test_all_zero_arrays_are_stored_and_read(tmp_path: pathlib.Path) -> None:
         st["tables"]["nodes"][name] = np.zeros_like(st["tables"]["nodes"][name])
     snapshot(tmp_path, [st], chunk_rows=100)
     assert_same(sort_by_key(read_snapshot(tmp_path)["nodes"]), merged([st]))
+
+
+def test_restore_into_other_dims_is_refused(tmp_path: pathlib.Path) -> None:
+    snapshot(tmp_path, make_states(100, n_shards=1, dim=8))
+    ok = read_snapshot(tmp_path, expect={"nodes": {"col/embedding": ("float32", (8,))}})
+    assert ok["nodes"]["col/embedding"].shape == (100, 8)
+    with pytest.raises(IncompatibleStoreError, match=r"'col/embedding' is float32\[8\] per row; expected float32\[16\]"):
+        read_snapshot(tmp_path, expect={"nodes": {"col/embedding": ("float32", (16,))}})
+    with pytest.raises(IncompatibleStoreError, match=r"'col/logits' is float32\[3\] per row; expected float64\[3\]"):
+        read_snapshot(tmp_path, expect={"nodes": {"col/logits": (np.float64, (3,))}})
+    with pytest.raises(IncompatibleStoreError, match="has no array 'col/text'"):
+        read_snapshot(tmp_path, expect={"nodes": {"col/text": ("int64", ())}})
