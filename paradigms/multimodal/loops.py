@@ -157,8 +157,9 @@ class ContrastiveTrainer(Trainer):
         The corpus to train on.
     negatives
         ``"in_batch"`` (baseline), ``"uniform"``/``"log_uniform"`` (``n_negatives`` sampled keys of
-        the corpus, logQ corrected) or ``"hard"`` (each query's ``n_hard + 1`` top-k by the bank's
-        embeddings, its own positive masked out).
+        the corpus, logQ corrected) or ``"hard"`` (each query's ``n_hard + 4`` top-k by the bank's
+        embeddings). Negatives of the positive's own concept (itself and its skin-tone or gender
+        variants) are masked out as false negatives.
     n_negatives, n_hard
         Sampled and hard negatives per step.
     batch_size, lr, dim, hidden, weight_decay
@@ -231,12 +232,19 @@ class ContrastiveTrainer(Trainer):
         import torch
 
         assert self.ctx is not None
-        k = min(self.n_hard + 1, len(self.keys))
+        k = min(self.n_hard + 4, len(self.keys))
         hk, _ = self.ctx.bank.top_k(table, query.detach().cpu().numpy(), k, metric="dot")
         got = self.ctx.bank.lookup(table, hk.reshape(-1), columns=["embedding"])
         neg = torch.from_numpy(got.values["embedding"].reshape(*hk.shape, -1)).to(self.device)
-        mask = torch.from_numpy(hk == pos_keys[:, None]).to(self.device)
+        mask = torch.from_numpy(self._same_concept(hk, pos_keys)).to(self.device)
         return neg, mask, float(np.nanmean(got.age))
+
+    def _same_concept(self, neg_keys: np.ndarray, pos_keys: np.ndarray) -> np.ndarray:
+        """``bool``: where a negative is the positive itself or one of its variants (false negatives)."""
+        concept = self.corpus.pairs.concepts
+        if neg_keys.ndim == 1:
+            return np.asarray(concept[neg_keys][None, :] == concept[pos_keys][:, None])
+        return np.asarray(concept[neg_keys] == concept[pos_keys][:, None])
 
     def _sampled_negatives(self, pos_keys: np.ndarray, step: int) -> tuple[Any, Any, Any, Any, float]:
         """One sample of corpus keys (with expected counts), looked up in both tables."""
@@ -249,21 +257,23 @@ class ContrastiveTrainer(Trainer):
         got_t = bank.lookup(TEXTS, s.keys, columns=["embedding"])
         got_i = bank.lookup(IMAGES, s.keys, columns=["embedding"])
         logq = torch.from_numpy(np.log(s.expected_count).astype(np.float32)).to(self.device)
-        mask = torch.from_numpy(s.keys[None, :] == pos_keys[:, None]).to(self.device)
+        mask = torch.from_numpy(self._same_concept(s.keys, pos_keys)).to(self.device)
         age = float(np.nanmean(np.concatenate([got_t.age, got_i.age])))
         return (torch.from_numpy(got_t.values["embedding"]).to(self.device),
                 torch.from_numpy(got_i.values["embedding"]).to(self.device), logq, mask, age)
 
     def step(self, step: int) -> Mapping[str, float]:
+        import torch
 
         from paradigms.multimodal.losses import contrastive_loss
 
         idx = self.rng.choice(len(self.keys), size=self.batch_size, replace=False)
         img, txt = self.model(self.feats[idx], self.ids[idx])
         scale = self.model.scale
+        pos = self.keys[idx]
+        in_batch = torch.from_numpy(self._same_concept(pos, pos)).to(self.device)
         out: dict[str, float] = {}
         if self.use_bank and self._ready():
-            pos = self.keys[idx]
             if self.negatives == "hard":
                 tn, tm, age_t = self._hard_negatives(TEXTS, img, pos)
                 im, imask, age_i = self._hard_negatives(IMAGES, txt, pos)
@@ -272,12 +282,14 @@ class ContrastiveTrainer(Trainer):
             else:
                 tn, im, tq, tm, age = self._sampled_negatives(pos, step)
                 iq, imask = tq, tm
-            loss = 0.5 * (contrastive_loss(img, txt, scale, tn, tq, tm) + contrastive_loss(txt, img, scale, im, iq, imask))
+            loss = 0.5 * (contrastive_loss(img, txt, scale, tn, tq, tm, in_batch)
+                          + contrastive_loss(txt, img, scale, im, iq, imask, in_batch))
             out["bank_age_s"] = age
             out["bank_negatives"] = float(tn.shape[-2] if tn.ndim == 3 else tn.shape[0])
             self.ages.append(out["bank_age_s"])
         else:
-            loss = 0.5 * (contrastive_loss(img, txt, scale) + contrastive_loss(txt, img, scale))
+            loss = 0.5 * (contrastive_loss(img, txt, scale, batch_mask=in_batch)
+                          + contrastive_loss(txt, img, scale, batch_mask=in_batch))
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()

@@ -16,7 +16,7 @@ _NEG_INF = -1e9
 
 def contrastive_loss(query: torch.Tensor, positives: torch.Tensor, scale: torch.Tensor | float,
                      negatives: torch.Tensor | None = None, neg_logq: torch.Tensor | None = None,
-                     neg_mask: torch.Tensor | None = None) -> torch.Tensor:
+                     neg_mask: torch.Tensor | None = None, batch_mask: torch.Tensor | None = None) -> torch.Tensor:
     """InfoNCE of ``query[i]`` against its ``positives[i]``, the other in-batch positives and extra negatives.
 
     Parameters
@@ -34,11 +34,17 @@ def contrastive_loss(query: torch.Tensor, positives: torch.Tensor, scale: torch.
     neg_mask
         ``bool`` ``[B, N]`` or ``[B, K]``: True where an extra negative is really the query's positive
         (an accidental hit); those logits are removed.
+    batch_mask
+        ``bool[B, B]``: True where in-batch positive ``j`` must not count as a negative of query
+        ``i`` (e.g. a variant of the same concept); the diagonal is never masked.
     """
     if query.ndim != 2 or positives.shape != query.shape:
         raise InvalidShapeError(f"contrastive_loss: query {tuple(query.shape)} and positives "
                                 f"{tuple(positives.shape)}; expected two equal [B, d] shapes")
     logits = scale * query @ positives.T
+    if batch_mask is not None:
+        off = batch_mask & ~torch.eye(query.shape[0], dtype=torch.bool, device=query.device)
+        logits = logits.masked_fill(off, _NEG_INF)
     if negatives is not None:
         if negatives.ndim == 2:
             extra = scale * query @ negatives.T

