@@ -8,6 +8,7 @@ from typing import Any
 
 import dask.config
 import psutil
+import pytest
 
 from carls_dask.runtime import State, Workbench
 from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer
@@ -35,6 +36,7 @@ def _children() -> list[Any]:
     return out
 
 
+@pytest.mark.slow  # starts and stops a cluster of its own
 def test_own_local_cluster_is_started_and_fully_released() -> None:
     threads_before = _threads()
     children_before = {p.pid for p in _children()}
