@@ -38,6 +38,8 @@ def run_trainer(trainer: Trainer, ctx: LoopContext) -> LoopResult:
     publish_every = trainer.publish_every or ctx.publish_every
     try:
         trainer.setup(ctx)
+        if trainer.resume_from is not None:
+            trainer.load_state(trainer.resume_from)
         step = trainer.start_step
         first = step
         t0 = time.monotonic()

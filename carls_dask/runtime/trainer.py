@@ -17,6 +17,7 @@ class Trainer:
     Subclass it and implement :meth:`setup` and :meth:`step`. The runtime calls, on a worker::
 
         setup(ctx)                       # once: build model, optimizer, data on ctx.device
+        load_state(resume_from)          # when given: continue from a checkpoint
         for step in count(start_step):   # until max_steps or a stop
             metrics = step(step)         # one optimisation step; returns numbers to report
             every publish_every steps: ctx.channel.publish(publish_state())
@@ -37,6 +38,9 @@ class Trainer:
         Steps between published model versions; ``None`` takes ``carls.runtime.publish-every``.
     keep_state
         Whether the result carries the :meth:`state` checkpoint at the end.
+    resume_from
+        A :meth:`state` checkpoint (e.g. ``LoopResult.state`` of an earlier run) loaded right after
+        :meth:`setup`; the loop then continues from its step.
 
     Attributes
     ----------
@@ -52,7 +56,7 @@ class Trainer:
     kind = "trainer"
 
     def __init__(self, name: str = "trainer", *, max_steps: int | None = None, publish_every: int | None = None,
-                 keep_state: bool = True) -> None:
+                 keep_state: bool = True, resume_from: Mapping[str, Any] | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"Trainer name: expected a non-empty string, got {name!r}")
         if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 0):
@@ -63,6 +67,7 @@ class Trainer:
         self.max_steps = max_steps
         self.publish_every = publish_every
         self.keep_state = keep_state
+        self.resume_from = resume_from
         self.start_step = 0
         self.model: Any = None
         self.optimizer: Any = None
@@ -93,7 +98,7 @@ class Trainer:
         return out
 
     def load_state(self, state: Mapping[str, Any]) -> None:
-        """Restore a :meth:`state` checkpoint (call it at the end of :meth:`setup`)."""
+        """Restore a :meth:`state` checkpoint; the loop calls it after :meth:`setup` with ``resume_from``."""
         if "model" in state and self.model is not None:
             self.model.load_state_dict(state["model"])
         if "optimizer" in state and self.optimizer is not None:
