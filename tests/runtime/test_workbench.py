@@ -199,3 +199,15 @@ def test_colocated_shards_live_on_the_first_trainers_worker(client: Any) -> None
     assert len(actors[home]) == 2 and all(not keys for addr, keys in actors.items() if addr != home)
     assert list(ran_on) == [home]
     assert results["trainer"].steps == 20
+
+
+def test_connecting_by_address_leaves_the_cluster_running(local_cluster: Any) -> None:
+    address = local_cluster.scheduler_address  # type: ignore[attr-defined]
+    with Workbench(address, progress=False) as wb:
+        assert wb.cluster is None and wb.client.scheduler.address == address
+        wb.submit_trainer(DigitsTrainer("trainer", max_steps=10, publish_every=5, lr=0.02))
+        wb.wait(timeout=180)
+        results = wb.stop(timeout=30)
+    assert results["trainer"].versions == [1, 2]
+    assert wb.client.status == "closed"  # its own client is closed ...
+    assert len(local_cluster.scheduler_info["workers"]) == 2  # type: ignore[attr-defined]  # ... the cluster is not
