@@ -211,7 +211,7 @@ def test_run_with_bank_negatives_maker_and_bank_held_classes(client, corpus_spec
         held = bank.keys("concepts")
         names = to_int64_keys([c.pairs.concept_names[i] for i in np.unique(c.pairs.concepts)], "concepts")
         assert 0 < len(held) <= len(names) and set(held.tolist()) <= set(names.tolist())
-    assert r.steps == steps and r.maker_rounds >= 2 and r.steps_per_s > 0
+    assert r.steps == steps and r.maker_rounds >= 1 and r.steps_per_s > 0
     assert r.mean_staleness_s >= 0 and r.metrics["mean_bank_age_s"] >= 0
     assert r.metrics["n_test"] == 8 and r.metrics["n_train"] == len(c.train)
     for m in ("i2t_r@1", "i2t_r@5", "t2i_r@1", "t2i_r@5"):
