@@ -84,6 +84,8 @@ class CurriculumTrainer(Trainer):
         import torch
 
         s = self.settings
+        if s.threads is not None:
+            torch.set_num_threads(s.threads)
         data = load_data(s)
         self.device = torch.device(ctx.device)
         self.x = torch.from_numpy(data.images.x_train).to(self.device)
@@ -210,6 +212,8 @@ class DifficultyMaker(KnowledgeMaker):
         import torch
 
         s = self.settings
+        if s.threads is not None:
+            torch.set_num_threads(s.threads)
         data = load_data(s)
         self.device = torch.device(ctx.device)
         self.keys = np.arange(data.labels.labels.shape[0], dtype=np.int64)[self.part::self.parts]

@@ -69,6 +69,10 @@ class CurriculumSettings:
         Trainer steps between test-accuracy measurements (0: only at the end).
     data_dir
         Folder of the Fashion-MNIST files (``None``: the default places).
+    threads
+        Torch intra-op threads the trainer and maker set in their process (``torch.set_num_threads``,
+        which applies to the whole worker process); ``None`` leaves torch's default. The models here
+        are small, and one thread is fastest on a shared or busy machine.
     """
 
     dataset: str = "fashion-mnist"
@@ -96,6 +100,7 @@ class CurriculumSettings:
     refresh_every: int = 25
     eval_every: int = 0
     data_dir: str | None = None
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.dataset not in ("fashion-mnist", "digits"):
@@ -112,6 +117,9 @@ class CurriculumSettings:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"CurriculumSettings: {name}={v!r}; expected a positive int")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise ConfigError(f"CurriculumSettings: threads={self.threads!r}; expected a positive int or None")
         if not 0.0 <= self.noise < 1.0:
             raise ConfigError(f"CurriculumSettings: noise={self.noise!r}; expected a rate in [0, 1)")
         for name in ("ramp", "warmup"):
@@ -141,9 +149,9 @@ class CurriculumSettings:
             default = getattr(defaults, name)
             try:
                 if text.lower() in ("none", "") and name in ("n_train", "n_test", "pacing_start", "pacing_end",
-                                                             "data_dir"):
+                                                             "data_dir", "threads"):
                     kwargs[name] = None
-                elif name in ("n_train", "n_test"):
+                elif name in ("n_train", "n_test", "threads"):
                     kwargs[name] = int(text)
                 elif name in ("pacing_start", "pacing_end"):
                     kwargs[name] = float(text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -240,8 +241,17 @@ def test_settings_from_options_parse_and_reject() -> None:
 # -- in-process run on digits --------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _restore_torch_threads() -> Iterator[None]:
+    """The runs below set one torch thread for speed; give the next tests torch's setting back."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
 def _digits(**kw: object) -> CurriculumSettings:
     base: dict[str, object] = dict(dataset="digits", n_train=None, n_test=None, noise=0.3, steps=240, batch_size=64,
+                                   threads=1,
                                    hidden=64, lr=3e-3, publish_every=40, refresh_every=20, warmup=0.25, ramp=0.5,
                                    clean_confidence=0.6, clean_rounds=2)
     base.update(kw)

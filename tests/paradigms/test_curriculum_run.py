@@ -22,7 +22,7 @@ def test_run_curriculum_writes_a_run_folder(client: object, tmp_path: pathlib.Pa
 
     settings = CurriculumSettings(dataset="digits", n_train=None, n_test=None, noise=0.3, steps=200, batch_size=64,
                                   hidden=64, lr=3e-3, publish_every=40, refresh_every=10, warmup=0.2,
-                                  clean_confidence=0.6)
+                                  clean_confidence=0.6, threads=1)
     run = tmp_path / "run"
     summary = run_curriculum(settings, run, makers=2, cluster=client, progress=False, timeout=240)
     assert summary["trainer_steps"] == 200
