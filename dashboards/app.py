@@ -37,7 +37,11 @@ def build() -> pn.viewable.Viewable | pn.viewable.Viewer:
             "run `carls-dask dashboard RUN_PATH`, or set CARLS_RUN.",
             alert_type="warning",
         )
-    dash = Dashboard(reader=RunReader(path), period=config.get_seconds("dashboard.refresh"))
+    dash = Dashboard(
+        reader=RunReader(path),
+        period=config.get_seconds("dashboard.refresh"),
+        plot_period=config.get_seconds("dashboard.plot-refresh"),
+    )
     # The page goes out at once; reading starts when the browser has loaded it, in worker threads.
 
     def start() -> None:

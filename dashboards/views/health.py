@@ -44,23 +44,36 @@ class HealthView(RunView):
 
     def refresh_numbers(self) -> None:
         """Update only the headline figures (cheap: run on every tick so new writes show at once)."""
-        if self.reader is None or self.reader.problem():
+        figures = self.read_numbers()
+        if figures is None:
             self.refresh()
-            return
+        else:
+            self.show_numbers(figures)
+
+    def read_numbers(self) -> dict[str, float] | None:
+        """Read the headline figures (safe in a worker thread); ``None`` when the run is not there."""
+        if self.reader is None or self.reader.problem():
+            return None
+        figures = bank_summary(self.reader.latest())
+        figures["snapshots"] = float(len(self.reader.snapshots()))
+        return figures
+
+    def show_numbers(self, figures: dict[str, float]) -> None:
+        """Show figures from :meth:`read_numbers` (call on the thread that owns the page)."""
         if self._showing_problem:
             self._set_message("")
             self._showing_problem = False
-        self._numbers()
+        self.summary = figures
+        for ind, key in ((self.rows, "rows"), (self.version, "version"), (self.model_step, "model_step"), (self.snapshots, "snapshots")):
+            v = figures.get(key, float("nan"))
+            ind.value = 0 if math.isnan(v) else int(v)
 
     def _numbers(self) -> xr.Dataset | None:
         assert self.reader is not None
         ds = self.reader.latest()
-        self.snapshots.value = len(self.reader.snapshots())
-        self.summary = bank_summary(ds)
-        self.rows.value = int(self.summary["rows"])
-        for ind, key in ((self.version, "version"), (self.model_step, "model_step")):
-            v = self.summary[key]
-            ind.value = 0 if math.isnan(v) else int(v)
+        figures = bank_summary(ds)
+        figures["snapshots"] = float(len(self.reader.snapshots()))
+        self.show_numbers(figures)
         return ds
 
     def _inputs(self) -> tuple[object, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import pathlib
 import re
@@ -118,6 +119,15 @@ def _texts(page: Page) -> list[str]:
     return list(page.evaluate(_ALL_TEXT))
 
 
+def _bank_rows(page: Page) -> int:
+    """The "bank rows" figure as the page shows it (-1 when it is not drawn yet)."""
+    texts = _texts(page)
+    for label, value in itertools.pairwise(texts):
+        if label == "bank rows":
+            return int(value.replace(",", ""))
+    return -1
+
+
 def _wait_text(page: Page, pattern: str, timeout: float) -> None:
     try:
         page.get_by_text(re.compile(pattern)).first.wait_for(timeout=timeout * 1000)
@@ -165,7 +175,12 @@ def test_live_run_renders_and_shows_new_bank_writes_within_2s(
                 time.sleep(0.05)
                 continue
             written = progress.stat().st_mtime
-            _wait_text(page, rf"^{rows:,}$", 10)
+            shown = _bank_rows(page)
+            give_up = time.monotonic() + 10
+            while shown < rows and time.monotonic() < give_up:
+                time.sleep(0.05)
+                shown = _bank_rows(page)
+            assert shown >= rows, f"the page still shows {shown} bank rows 10 s after the run wrote {rows}"
             delays.append(time.time() - written)
             last_rows = rows
         assert len(delays) == 3, f"saw only {len(delays)} writes on the page in 90 s"
