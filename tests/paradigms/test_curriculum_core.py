@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator
 
@@ -285,3 +286,33 @@ def test_inline_runs_are_reproducible() -> None:
     assert a.trainer["test_accuracy"] == b.trainer["test_accuracy"]
     assert a.maker.keys() == b.maker.keys()
     np.testing.assert_array_equal(list(a.maker.values()), list(b.maker.values()))  # NaN == NaN here
+
+
+def test_a_trainer_resumed_from_its_state_continues_identically() -> None:
+    from carls_dask.runtime import LocalModelChannel, LoopContext, ThreadStop
+    from paradigms.curriculum import CurriculumTrainer, DifficultyMaker, LocalBank, difficulty_table
+
+    s = _digits(steps=80, warmup=0.0, refresh_every=5)
+    bank = LocalBank([difficulty_table()])
+    ctx = LoopContext("t", "trainer", "cpu", LocalModelChannel("t"), ThreadStop(), bank=bank)
+    first = CurriculumTrainer(s)
+    first.ctx = ctx
+    first.setup(ctx)
+    for step in range(20):
+        first.step(step)
+    maker = DifficultyMaker(s)
+    maker.ctx = ctx
+    maker.setup(ctx)
+    maker.load_model(first.publish_state(), None)  # type: ignore[arg-type]
+    maker.make(type("V", (), {"step": 20})())  # type: ignore[arg-type]
+    first.start_step = 20
+    state = copy.deepcopy(first.state())  # as a checkpoint on disk or pickled to a worker would be
+    second = CurriculumTrainer(s)
+    second.ctx = ctx
+    second.setup(ctx)
+    second.load_state(state)
+    assert second.start_step == 20
+    a = [first.step(step)["loss"] for step in range(20, 30)]
+    b = [second.step(step)["loss"] for step in range(20, 30)]
+    assert a == b
+    assert first.sampler.last["admitted_fraction"] < 1.0  # the scores were in use
