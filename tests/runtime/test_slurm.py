@@ -19,6 +19,7 @@ import pytest
 
 from carls_dask.runtime import State, Workbench
 from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer, digits_table
+from tests.runtime.helpers import run_until_knowledge_flows
 
 pytestmark = pytest.mark.slurm
 
@@ -68,20 +69,21 @@ def test_trainer_maker_and_bank_on_slurm_workers(tmp_path: pathlib.Path) -> None
         jobs = wb.client.run(lambda: os.environ.get("SLURM_JOB_ID"))
         assert len(jobs) == 2 and len(set(jobs.values())) == 2 and all(jobs.values())  # two real Slurm jobs
         bank = wb.create_bank([digits_table()], n_shards=2)
-        wb.submit_trainer(DigitsTrainer("trainer", max_steps=60, publish_every=15, lr=0.02))
+        wb.submit_trainer(DigitsTrainer("trainer", max_steps=None, publish_every=15, lr=0.02))
         wb.submit_maker(DigitsMaker("maker"))
-        wb.wait(timeout=300)
+        run_until_knowledge_flows(wb, min_steps=60)
         results = wb.stop(timeout=60)
         got = bank.lookup("digits", np.arange(100, dtype=np.int64), columns=["pseudo_label"])
         workers_with_shards = {a for a, n in wb.client.run(
             lambda dask_worker: len(dask_worker.state.actors)).items() if n}
         assert len(workers_with_shards) == 2  # shards spread over both Slurm workers
     assert wb.state is State.CLOSED
-    assert results["trainer"].steps == 60
+    assert results["trainer"].steps >= 60
     assert results["trainer"].value["bank_hits"] > 0
     assert results["maker"].versions == sorted(set(results["maker"].versions))
-    assert results["maker"].rounds[-1].model_step == 60
-    assert got.found.all() and (got.model_step == 60).all()
+    last = results["maker"].rounds[-1].model_step
+    assert 15 <= last <= results["trainer"].steps
+    assert got.found.all() and (got.model_step == last).all()
     # closing the Workbench cancelled its Slurm jobs
     deadline = time.monotonic() + 60
     while _our_jobs(job_name) and time.monotonic() < deadline:

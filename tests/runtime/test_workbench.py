@@ -16,6 +16,7 @@ import pytest
 from carls_dask.errors import ConfigError, DeadlineExceeded, LifecycleError, LoopFailedError
 from carls_dask.runtime import KnowledgeMaker, LoopContext, ModelVersion, State, Trainer, Workbench
 from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer, digits_table, load_digits_arrays
+from tests.runtime.helpers import run_until_knowledge_flows
 
 
 class ExplodingTrainer(Trainer):
@@ -69,9 +70,9 @@ def test_digits_pair_converges_through_the_bank(client: Any, tmp_path: pathlib.P
     with Workbench(client, run_dir=run, name="digits", progress=False) as wb:
         assert wb.state is State.RUNNING
         bank = wb.create_bank([digits_table()], n_shards=2)
-        wb.submit_trainer(DigitsTrainer("trainer", max_steps=150, publish_every=15, lr=0.02))
+        wb.submit_trainer(DigitsTrainer("trainer", max_steps=None, publish_every=15, lr=0.02))
         wb.submit_maker(DigitsMaker("maker"))
-        wb.wait(timeout=240)
+        run_until_knowledge_flows(wb, min_steps=150)
         results = wb.stop(timeout=30)
         assert wb.state is State.STOPPING
         status = wb.status()
@@ -82,31 +83,35 @@ def test_digits_pair_converges_through_the_bank(client: Any, tmp_path: pathlib.P
     trainer, maker = results["trainer"], results["maker"]
 
     # the trainer converged, by numbers
-    assert trainer.reason == "max_steps" and trainer.steps == 150
+    n = trainer.steps
+    assert trainer.reason == "stopped" and n >= 150
     assert trainer.value["train_accuracy"] > 0.95
     assert trainer.value["test_accuracy"] > 0.85
     # it read the maker's knowledge back from the bank, with its age
     assert trainer.value["bank_hits"] > 0
     assert 0.0 <= trainer.metrics["bank_age_s"] < 60.0
     assert trainer.metrics["bank_found"] == 1.0
-    # the maker saw increasing model versions, ending with the final one
-    assert [v.step for v in trainer.published] == [15 * i for i in range(1, 11)]
+    # the maker saw increasing model versions
+    expected = [15 * i for i in range(1, n // 15 + 1)]
+    assert [v.step for v in trainer.published] == (expected if n % 15 == 0 else [*expected, n])
     assert len(maker.rounds) >= 2
     assert maker.versions == sorted(set(maker.versions))
-    assert maker.rounds[-1].model_step == 150
+    last = maker.rounds[-1].model_step
+    assert [r.model_step for r in maker.rounds] == sorted({r.model_step for r in maker.rounds})
+    assert 15 <= last <= n
     assert all(math.isfinite(r.staleness) and 0.0 <= r.staleness < 60.0 for r in maker.rounds)
     assert maker.metrics["accuracy"] > 0.85
     # what the maker wrote carries provenance and agrees with the labels
     assert got.found.all()
-    assert (got.model_step == 150).all()
+    assert (got.model_step == last).all()  # the bank holds the maker's newest knowledge
     assert (got.values["pseudo_label"] == labels).mean() > 0.9
     assert status["trainer"].state == "closed" and status["maker"].state == "closed"
     # the run folder: what ran, and the progress metrics
     record = json.loads((run / "run.json").read_text())
-    assert record["loops"]["trainer"]["steps"] == 150 and record["state"] == "closed"
+    assert record["loops"]["trainer"]["steps"] == n and record["state"] == "closed"
     ds = open_metrics(run / "metrics.zarr")
     steps = ds["step"].values
-    assert (np.diff(steps) > 0).all() and steps[-1] == 150
+    assert (np.diff(steps) > 0).all() and steps[-1] == n
     seen = ds["maker_version"].dropna("step").values
     assert (np.diff(seen) >= 0).all() and 1 <= seen[-1] <= maker.versions[-1]
     assert np.nanmax(ds["steps_per_s"].values) > 0
