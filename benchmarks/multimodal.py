@@ -31,6 +31,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--n-negatives", type=int, default=256, help="sampled bank negatives per step")
     p.add_argument("--n-hard", type=int, default=8, help="hard (top-k) bank negatives per query")
+    p.add_argument("--no-logq", action="store_true", help="no logQ correction of sampled bank negatives")
     p.add_argument("--limit", type=int, default=None, help="concepts to keep (default: all)")
     p.add_argument("--n-test", type=int, default=300, help="held-out concepts")
     p.add_argument("--cache-dir", default=None, help="image and feature cache (default: carls.data.dir or ~/.cache)")
@@ -67,7 +68,7 @@ def main() -> None:
                 with Workbench(client, progress=False, name=f"mm-{variant}-{seed}") as wb:
                     r = run_contrastive(wb, corpus, negatives=variant, seed=seed, steps=args.steps,
                                         batch_size=args.batch_size, n_negatives=args.n_negatives,
-                                        n_hard=args.n_hard)
+                                        n_hard=args.n_hard, logq_correction=not args.no_logq)
                 row = {"variant": variant, "seed": seed, "steps_per_s": r.steps_per_s, "maker_rounds": r.maker_rounds,
                        "staleness_s": r.mean_staleness_s, "bank_age_s": r.metrics.get("mean_bank_age_s"),
                        "wall_s": time.perf_counter() - t, **{m: r.metrics[m] for m in METRICS}}
@@ -75,7 +76,7 @@ def main() -> None:
                 print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                       flush=True)
     print(f"\n{args.seeds} seeds, {args.steps} steps, batch {args.batch_size}, "
-          f"{args.n_negatives} sampled / {args.n_hard} hard bank negatives")
+          f"{args.n_negatives} sampled / {args.n_hard} hard bank negatives, logQ correction {not args.no_logq}")
     header = f"{'variant':<12}" + "".join(f"{m:>14}" for m in METRICS) + f"{'steps/s':>14}{'staleness s':>14}"
     print(header)
     means: dict[str, dict[str, float]] = {}

@@ -162,6 +162,9 @@ class ContrastiveTrainer(Trainer):
         variants) are masked out as false negatives.
     n_negatives, n_hard
         Sampled and hard negatives per step.
+    logq_correction
+        Subtract log(expected count) from sampled negatives' logits (sampled softmax's estimate of
+        the softmax over the whole corpus); ``False`` weighs them like in-batch negatives.
     batch_size, lr, dim, hidden, weight_decay
         Optimisation and model sizes.
     seed
@@ -171,7 +174,7 @@ class ContrastiveTrainer(Trainer):
     """
 
     def __init__(self, corpus: CorpusSpec, *, negatives: str = "uniform", n_negatives: int = 256, n_hard: int = 8,
-                 batch_size: int = 32, lr: float = 2e-3, dim: int = 64, hidden: int = 128,
+                 logq_correction: bool = True, batch_size: int = 32, lr: float = 2e-3, dim: int = 64, hidden: int = 128,
                  weight_decay: float = 1e-4, seed: int = 0, name: str = "trainer", max_steps: int | None = 400,
                  publish_every: int | None = 20) -> None:
         super().__init__(name, max_steps=max_steps, publish_every=publish_every)
@@ -184,6 +187,7 @@ class ContrastiveTrainer(Trainer):
         self.negatives = negatives
         self.n_negatives = n_negatives
         self.n_hard = n_hard
+        self.logq_correction = bool(logq_correction)
         self.batch_size = batch_size
         self.lr = lr
         self.dim = dim
@@ -256,7 +260,8 @@ class ContrastiveTrainer(Trainer):
                                   seed=self.seed * 1_000_003 + step)
         got_t = bank.lookup(TEXTS, s.keys, columns=["embedding"])
         got_i = bank.lookup(IMAGES, s.keys, columns=["embedding"])
-        logq = torch.from_numpy(np.log(s.expected_count).astype(np.float32)).to(self.device)
+        logq = (torch.from_numpy(np.log(s.expected_count).astype(np.float32)).to(self.device)
+                if self.logq_correction else None)
         mask = torch.from_numpy(self._same_concept(s.keys, pos_keys)).to(self.device)
         age = float(np.nanmean(np.concatenate([got_t.age, got_i.age])))
         return (torch.from_numpy(got_t.values["embedding"]).to(self.device),

@@ -47,7 +47,8 @@ class ExperimentResult:
 
 
 def run_contrastive(wb: Any, corpus: CorpusSpec, *, negatives: str, seed: int = 0, steps: int = 400,
-                    batch_size: int = 32, n_negatives: int = 256, n_hard: int = 8, dim: int = 64,
+                    batch_size: int = 32, n_negatives: int = 256, n_hard: int = 8, logq_correction: bool = True,
+                    dim: int = 64,
                     publish_every: int = 20, classifier_steps: int = 0, timeout: float = 1800.0) -> ExperimentResult:
     """Run a :class:`ContrastiveTrainer` and a :class:`CorpusMaker` in the running Workbench ``wb``.
 
@@ -59,7 +60,8 @@ def run_contrastive(wb: Any, corpus: CorpusSpec, *, negatives: str, seed: int = 
     written = wb.client.submit(initialise_bank, bank, corpus, pure=False).result(timeout=timeout)
     logger.info("pretrained features written for %d corpus rows", written)
     trainer = ContrastiveTrainer(corpus, negatives=negatives, seed=seed, max_steps=steps, batch_size=batch_size,
-                                 n_negatives=n_negatives, n_hard=n_hard, dim=dim, publish_every=publish_every)
+                                 n_negatives=n_negatives, n_hard=n_hard, logq_correction=logq_correction, dim=dim,
+                                 publish_every=publish_every)
     wb.submit_trainer(trainer)
     wb.submit_maker(CorpusMaker(corpus, dim=dim, source=trainer.name))
     if classifier_steps:
