@@ -52,4 +52,5 @@ def build() -> pn.viewable.Viewable | pn.viewable.Viewer:
 
 
 if __name__.startswith("bokeh_app") or __name__ == "__main__":
-    pn.template.FastListTemplate(title="carls-dask run", main=[build()], theme_toggle=False).servable()
+    # A plain layout, not a template: templates fetch web fonts, and the page must work offline.
+    pn.Column("# carls-dask run", build(), sizing_mode="stretch_width").servable(title="carls-dask run")
