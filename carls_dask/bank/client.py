@@ -226,16 +226,26 @@ class KnowledgeBank:
         if self._closed:
             raise LifecycleError(f"bank {self.name!r} is closed")
 
-    def _route(self, keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    def _route(self, keys: np.ndarray) -> list[tuple[int, Any]]:
+        """``(shard, positions)`` of each shard that holds keys of the batch.
+
+        When one shard holds the whole batch its positions are ``slice(None)``, so the batch is sent
+        as it is (no gather on the way out, no scatter on the way back).
+        """
+        everything = slice(None)
         if self.n_shards == 1:
-            return [(0, np.arange(keys.shape[0]))]
+            return [(0, everything)]
         owner = self._owner[bucket_of(keys, self.buckets)]
         if self.n_shards <= 8:  # a few boolean passes beat a sort
-            return [(s, idx) for s in range(self.n_shards) if (idx := np.flatnonzero(owner == s)).size]
-        order = np.argsort(owner, kind="stable")
-        counts = np.bincount(owner, minlength=self.n_shards)
-        parts = np.split(order, np.cumsum(counts)[:-1])
-        return [(s, idx) for s, idx in enumerate(parts) if idx.size]
+            routes = [(s, idx) for s in range(self.n_shards) if (idx := np.flatnonzero(owner == s)).size]
+        else:
+            order = np.argsort(owner, kind="stable")
+            counts = np.bincount(owner, minlength=self.n_shards)
+            parts = np.split(order, np.cumsum(counts)[:-1])
+            routes = [(s, idx) for s, idx in enumerate(parts) if idx.size]
+        if len(routes) == 1:
+            return [(routes[0][0], everything)]
+        return routes
 
     def _local_shard(self, s: int) -> Any:
         """The shard object itself when it lives in this process (a task on its worker), else None."""

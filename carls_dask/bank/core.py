@@ -15,7 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.bank.hashing import bucket_of, mix_seed, normal_from_keys, uniform_from_keys
+from carls_dask.bank.hashing import (
+    bucket_of,
+    bucket_of_hash,
+    mix_seed,
+    normal_from_keys,
+    splitmix64,
+    uniform_from_keys,
+)
 from carls_dask.bank.keyindex import KeyIndex
 from carls_dask.bank.optimizers import apply_optimizer, initial_slots
 from carls_dask.bank.sampling import NegativeSample, order_by_frequency, sample_candidates
@@ -246,6 +253,7 @@ class ShardCore:
         self.owned_buckets = owned.astype(np.int64)
         self._owned_mask = np.zeros(self.buckets, dtype=bool)
         self._owned_mask[self.owned_buckets] = True
+        self._owns_all = bool(self._owned_mask.all())
         self.check_ownership = bool(check_ownership)
         self.clock = clock
         self.initial_capacity = int(initial_capacity)
@@ -268,10 +276,12 @@ class ShardCore:
         except (KeyError, TypeError):
             raise unknown_table(str(name), list(self.tables)) from None
 
-    def _keys(self, t: TableState, keys: Any) -> tuple[np.ndarray, np.ndarray]:
+    def _keys(self, t: TableState, keys: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Checked keys, their buckets and their ``splitmix64`` hashes (which the key index reuses)."""
         k = check_keys(t.spec.name, keys)
-        b = bucket_of(k, self.buckets)
-        if self.check_ownership:
+        h = splitmix64(k.view(np.uint64))
+        b = bucket_of_hash(h, self.buckets)
+        if self.check_ownership and not self._owns_all:
             bad = ~self._owned_mask[b]
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
@@ -279,7 +289,7 @@ class ShardCore:
                     f"table {t.spec.name!r}: key {int(k[i])} (bucket {int(b[i])}) is out of range for shard "
                     f"{self.shard}, which owns {self.owned_buckets.size} of {self.buckets} buckets"
                 )
-        return k, b
+        return k, b, h
 
     def maker_code(self, maker: str) -> int:
         """The int32 code of a maker name (registered on first use)."""
@@ -341,11 +351,11 @@ class ShardCore:
         names = list(t.spec.column_names) if columns is None else [t.spec.column(c).name for c in columns]
         if max_staleness is not None and not (float(max_staleness) >= 0):
             raise InvalidBatchError(f"table {table!r}: max_staleness must be >= 0 seconds, got {max_staleness!r}")
-        k, b = self._keys(t, keys)
+        k, b, h = self._keys(t, keys)
         now = self.clock()
         if insert:
             uniq, first, inverse, counts = np.unique(k, return_index=True, return_inverse=True, return_counts=True)
-            urows = t.index.find(uniq, t.keys)
+            urows = t.index.find(uniq, t.keys, h[first])
             missing = urows < 0
             if missing.any():
                 urows[missing] = self._allocate(t, uniq[missing], b[first[missing]], now)
@@ -355,21 +365,23 @@ class ShardCore:
             rows = urows[inverse]
             meta = np.take(t.meta, rows, axis=0)
         else:
-            rows, meta = t.index.find_with_rows(k, t.meta)
+            rows, meta = t.index.find_with_rows(k, t.meta, h)
         found = rows >= 0
         all_found = bool(found.all())
-        safe = rows if all_found else np.where(found, rows, 0)
-        values = {}
-        for name in names:
-            v = np.take(t.cols[name], safe, axis=0)
-            if not all_found:
-                v[~found] = 0
-            values[name] = v
-        if not all_found:
-            meta[~found] = (0, 0, -1, 0, 0)
-        age = now - meta[:, 4].view(np.float64)
-        if not all_found:
-            age[~found] = np.nan
+        if all_found:
+            values = {name: np.take(t.cols[name], rows, axis=0) for name in names}
+            age = now - meta[:, 4].view(np.float64)
+        else:
+            lost = ~found
+            safe = np.where(found, rows, 0)
+            values = {}
+            for name in names:
+                v = np.take(t.cols[name], safe, axis=0)
+                v[lost] = 0
+                values[name] = v
+            meta[lost] = (0, 0, -1, 0, 0)
+            age = now - meta[:, 4].view(np.float64)
+            age[lost] = np.nan
         stale = np.zeros(k.shape[0], dtype=bool) if max_staleness is None else found & (age > float(max_staleness))
         return LookupResult(
             values=values,
@@ -384,8 +396,8 @@ class ShardCore:
     def contains(self, table: str, keys: Any) -> np.ndarray:
         """``bool[n]``: whether each key is present (frequency untouched)."""
         t = self.table(table)
-        k, _ = self._keys(t, keys)
-        return t.index.find(k, t.keys) >= 0
+        k, _, h = self._keys(t, keys)
+        return t.index.find(k, t.keys, h) >= 0
 
     def size(self, table: str | None = None) -> int:
         """Rows in ``table`` (or in all tables)."""
@@ -436,7 +448,7 @@ class ShardCore:
             raise InvalidBatchError(
                 f"table {table!r}: values must be a non-empty dict of column -> array, got {type(values).__name__}"
             )
-        k, b = self._keys(t, keys)
+        k, b, _ = self._keys(t, keys)
         n = k.shape[0]
         checked = {name: coerce_column_values(table, t.spec.column(name), v, n) for name, v in values.items()}
         if isinstance(model_step, bool) or not isinstance(model_step, int | np.integer):
@@ -492,7 +504,7 @@ class ShardCore:
         lr = spec.learning_rate if learning_rate is None else learning_rate
         if lr is None or not (float(lr) > 0) or not math.isfinite(float(lr)):
             raise InvalidBatchError(f"table {table!r}: learning_rate must be a finite number > 0, got {lr!r}")
-        k, _ = self._keys(t, keys)
+        k, _, h = self._keys(t, keys)
         n = k.shape[0]
         checked: dict[str, np.ndarray] = {}
         for name, g in grads.items():
@@ -502,7 +514,7 @@ class ShardCore:
                     f"table {table!r}, column {name!r}: gradients need a float column, but it is {col.dtype}"
                 )
             checked[name] = coerce_column_values(table, col, g, n, what="gradients", dtype=np.dtype(np.float32))
-        rows = t.index.find(k, t.keys)
+        rows = t.index.find(k, t.keys, h)
         found = rows >= 0
         if not found.any():
             return found
@@ -561,8 +573,8 @@ class ShardCore:
     def delete(self, table: str, keys: Any) -> np.ndarray:
         """Remove keys; returns ``bool[n]``, True where the key was present."""
         t = self.table(table)
-        k, _ = self._keys(t, keys)
-        rows = t.index.find(k, t.keys)
+        k, _, h = self._keys(t, keys)
+        rows = t.index.find(k, t.keys, h)
         present = rows >= 0
         dead = np.unique(rows[present])
         if dead.size == 0:

@@ -16,6 +16,7 @@ from storage.errors import InvalidBatchError, InvalidDTypeError, InvalidShapeErr
 
 __all__ = [
     "bucket_of",
+    "bucket_of_hash",
     "hash_string",
     "mix_seed",
     "normal_from_keys",
@@ -78,7 +79,11 @@ def to_int64_keys(keys: Any, table: str = "?") -> np.ndarray:
 
 def bucket_of(keys: np.ndarray, buckets: int) -> np.ndarray:
     """Bucket of each key: ``splitmix64(key) % buckets`` as ``int32[n]``."""
-    h = splitmix64(np.asarray(keys, dtype=np.int64).view(np.uint64))
+    return bucket_of_hash(splitmix64(np.asarray(keys, dtype=np.int64).view(np.uint64)), buckets)
+
+
+def bucket_of_hash(h: np.ndarray, buckets: int) -> np.ndarray:
+    """:func:`bucket_of` from precomputed ``splitmix64(key)`` hashes (``uint64``)."""
     if buckets & (buckets - 1) == 0:  # a power of two: same result as the modulo, much cheaper
         return (h & np.uint64(buckets - 1)).astype(np.int32)
     return (h % np.uint64(buckets)).astype(np.int32)

@@ -16,7 +16,6 @@ __all__ = ["KeyIndex"]
 
 EMPTY = np.int32(-1)
 TOMBSTONE = np.int32(-2)
-_INDEX_SALT = np.uint64(0x5851F42D4C957F2D)
 _WINDOW = 8
 _SINGLE_ROUNDS = 6
 _WINDOW_BELOW = 64
@@ -49,11 +48,16 @@ class KeyIndex:
         """Bytes held by the slot array."""
         return int(self.slots.nbytes)
 
-    def _home(self, keys: np.ndarray) -> np.ndarray:
-        h = splitmix64(keys.view(np.uint64) ^ _INDEX_SALT)
+    def _home(self, keys: np.ndarray, hashes: np.ndarray | None = None) -> np.ndarray:
+        """Home slot of each key: the top ``bits`` bits of ``splitmix64(key)``.
+
+        ``hashes`` (``uint64``, the same ``splitmix64(key)`` the bank's buckets take their low bits
+        from) saves recomputing them; buckets use the low bits, so the two stay independent.
+        """
+        h = splitmix64(keys.view(np.uint64)) if hashes is None else hashes
         return (h >> np.uint64(64 - self.bits)).astype(np.int64)
 
-    def find(self, keys: np.ndarray, key_column: np.ndarray) -> np.ndarray:
+    def find(self, keys: np.ndarray, key_column: np.ndarray, hashes: np.ndarray | None = None) -> np.ndarray:
         """Row of each key, or -1 where the key is absent.
 
         Parameters
@@ -62,8 +66,10 @@ class KeyIndex:
             ``int64[n]`` keys to look up.
         key_column
             The owner's key of each row (``key_column[row]``).
+        hashes
+            ``splitmix64(keys)`` when the caller has them already.
         """
-        return self.find_slots(keys, key_column)[1]
+        return self.find_slots(keys, key_column, hashes)[1]
 
     def insert(self, keys: np.ndarray, rows: np.ndarray, key_column: np.ndarray) -> None:
         """Insert keys known to be absent and unique, mapping them to ``rows``.
@@ -104,42 +110,60 @@ class KeyIndex:
         self.dead += int(hit.sum())
         return rows[1]
 
-    def find_slots(self, keys: np.ndarray, key_column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def find_slots(
+        self, keys: np.ndarray, key_column: np.ndarray, hashes: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Slot and row of each key (both -1 where absent).
 
-        The first probe looks at each key's home slot; keys still unresolved then scan windows of
-        ``_WINDOW`` consecutive slots at once, so long probe chains cost few NumPy passes.
+        The first probe looks at each key's home slot; the keys still unresolved then scan windows
+        of ``_WINDOW`` consecutive slots at once (see :meth:`_probe`).
         """
         keys = np.asarray(keys, dtype=np.int64)
         slot_out = np.full(keys.shape[0], -1, dtype=np.int64)
         row_out = np.full(keys.shape[0], -1, dtype=np.int64)
         if keys.size == 0 or self.live == 0:
             return slot_out, row_out
-        mask = np.int64((1 << self.bits) - 1)
-        home = self._home(keys)
+        home = self._home(keys, hashes)
         s = self.slots[home]
         match = (s >= 0) & (key_column[np.maximum(s, 0)] == keys)
         slot_out[match] = home[match]
         row_out[match] = s[match]
-        pending = np.flatnonzero((s != EMPTY) & ~match)
-        start = (home[pending] + 1) & mask
-        # a few more single probes while many keys are pending (each reads one key per key) ...
+        rest = np.flatnonzero((s != EMPTY) & ~match)
+        if rest.size:
+            slot_out[rest], row_out[rest] = self._probe(keys[rest], home[rest] + 1, key_column)
+        return slot_out, row_out
+
+    def _probe(self, keys: np.ndarray, start: np.ndarray, key_column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Slot and row (-1 where absent) of ``keys``, probing from slot ``start`` on.
+
+        While many keys are unresolved each round probes one slot per key (one key read per key);
+        the long tail then scans windows of ``_WINDOW`` consecutive slots at once, so long probe
+        chains cost few NumPy passes.
+        """
+        mask = np.int64((1 << self.bits) - 1)
+        n = keys.shape[0]
+        slot_out = np.full(n, -1, dtype=np.int64)
+        row_out = np.full(n, -1, dtype=np.int64)
+        pending = np.arange(n)
+        kp = keys
+        start = start & mask
         for _ in range(_SINGLE_ROUNDS):
             if pending.size <= _WINDOW_BELOW:
                 break
             s = self.slots[start]
-            match = (s >= 0) & (key_column[np.maximum(s, 0)] == keys[pending])
-            slot_out[pending[match]] = start[match]
-            row_out[pending[match]] = s[match]
+            match = (s >= 0) & (key_column[np.maximum(s, 0)] == kp)
+            if match.any():
+                slot_out[pending[match]] = start[match]
+                row_out[pending[match]] = s[match]
             keep = (s != EMPTY) & ~match
             pending = pending[keep]
+            kp = kp[keep]
             start = (start[keep] + 1) & mask
-        # ... then the long tail a window at a time
         window = np.arange(_WINDOW, dtype=np.int64)
         while pending.size:
-            pos = (start[:, None] + window[None, :]) & mask
+            pos = (start[:, None] + window) & mask
             sw = self.slots[pos]
-            hit = (sw >= 0) & (key_column[np.maximum(sw, 0)] == keys[pending, None])
+            hit = (sw >= 0) & (key_column[np.maximum(sw, 0)] == kp[:, None])
             stop = hit | (sw == EMPTY)
             any_stop = stop.any(axis=1)
             first = stop.argmax(axis=1)
@@ -150,10 +174,13 @@ class KeyIndex:
             row_out[fi] = sw[rows_i[found], first[found]]
             keep = ~any_stop
             pending = pending[keep]
+            kp = kp[keep]
             start = (start[keep] + _WINDOW) & mask
         return slot_out, row_out
 
-    def find_with_rows(self, keys: np.ndarray, row_data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def find_with_rows(
+        self, keys: np.ndarray, row_data: np.ndarray, hashes: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Rows of ``keys`` together with their gathered ``row_data`` (whose column 0 holds the key).
 
         The key check of the first probe reads the same row the caller needs anyway, so a lookup
@@ -162,13 +189,14 @@ class KeyIndex:
         keys = np.asarray(keys, dtype=np.int64)
         if keys.size == 0 or self.live == 0:
             return np.full(keys.shape[0], -1, dtype=np.int64), np.zeros((keys.shape[0], *row_data.shape[1:]), row_data.dtype)
-        s = self.slots[self._home(keys)].astype(np.int64)
+        home = self._home(keys, hashes)
+        s = self.slots[home].astype(np.int64)
         data = np.take(row_data, np.maximum(s, 0), axis=0)
         hit = (s >= 0) & (data[:, 0] == keys)
         rows = np.where(hit, s, -1)
         rest = np.flatnonzero(~hit & (s != EMPTY))
         if rest.size:
-            more = self.find_slots(keys[rest], row_data[:, 0])[1]
+            more = self._probe(keys[rest], home[rest] + 1, row_data[:, 0])[1]
             rows[rest] = more
             ok = more >= 0
             data[rest[ok]] = np.take(row_data, more[ok], axis=0)
