@@ -97,6 +97,7 @@ def _open(browser: Browser, url: str) -> tuple[Page, list[str]]:
 
     page.on("console", on_console)
     page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+    page.on("requestfailed", lambda req: errors.append(f"request failed: {req.url}"))
     page.goto(url, timeout=START_DEADLINE * 1000)
     return page, errors
 
