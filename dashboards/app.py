@@ -19,7 +19,7 @@ from dashboards import plots
 from dashboards.dashboard import Dashboard, run_path_from
 from dashboards.runreader import RunReader
 
-pn.extension(sizing_mode="stretch_width", notifications=False)
+pn.extension(sizing_mode="stretch_width", notifications=False, inline=True)  # no CDN: works offline
 hv.extension("bokeh", logo=False)
 
 if not pn.state.cache.get("carls-warm"):

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import panel as pn
 import param
+from panel.io.state import set_curdoc
 
 from dashboards.runreader import RunReader
 from dashboards.views import CurriculumView, DriftView, HealthView, PseudoLabelView
@@ -83,9 +84,15 @@ class Dashboard(pn.viewable.Viewer):
         if getattr(self, flag):
             return
         setattr(self, flag, True)
+        doc = pn.state.curdoc  # the thread must build models for this page (local resources, not the CDN)
+
+        def in_doc(job: Callable[[], None]) -> None:
+            with set_curdoc(doc):
+                job()
+
         try:
             for job in jobs:
-                await asyncio.to_thread(job)
+                await asyncio.to_thread(in_doc, job)
         finally:
             setattr(self, flag, False)
 
