@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import pathlib
 import sys
 from collections.abc import Callable, Sequence
 
@@ -40,8 +41,7 @@ def _cmd_version(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from carls_dask.demo import run_demo
 
-    run_demo()
-    return 0
+    return run_demo(run_dir=args.run_dir, dataset=args.dataset, steps=args.steps)
 
 
 def _not_yet(name: str) -> Handler:
@@ -64,7 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("version", help="print the versions of carls-dask and its main dependencies")
     p.set_defaults(handler=_cmd_version)
 
-    p = sub.add_parser("demo", help="run a small end-to-end demo on a LocalCluster")
+    p = sub.add_parser(
+        "demo", help="run the semi-supervised paradigm end to end on a LocalCluster and write a run folder"
+    )
+    p.add_argument("--run-dir", type=pathlib.Path, default=None, help="run folder to write (default: runs/demo-<time>)")
+    p.add_argument("--dataset", default="cora", choices=("cora", "citeseer"), help="citation graph to learn on")
+    p.add_argument("--steps", type=int, default=None, help="trainer steps (default: the paradigm's own)")
     p.set_defaults(handler=_cmd_demo)
 
     p = sub.add_parser("bank", help="inspect, list, prune or restore a knowledge bank store")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -36,6 +37,25 @@ def test_unknown_subcommand_is_rejected(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_console_script_is_installed() -> None:
-    exe = shutil.which("carls-dask") or str(__import__("pathlib").Path(sys.executable).with_name("carls-dask"))
+    exe = shutil.which("carls-dask") or str(pathlib.Path(sys.executable).with_name("carls-dask"))
     out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=120, check=True)
     assert "usage: carls-dask" in out.stdout
+
+
+@pytest.mark.slow
+def test_demo_runs_the_semi_supervised_paradigm_and_writes_a_run_folder(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from paradigms.data.planetoid import find_data_dir
+
+    try:
+        find_data_dir()
+    except FileNotFoundError as exc:
+        pytest.skip(f"Planetoid data not found: {exc}")
+    run_dir = tmp_path / "demo"
+    assert main(["demo", "--run-dir", str(run_dir), "--steps", "40"]) == 0
+    out = capsys.readouterr().out
+    assert f"carls-dask dashboard {run_dir}" in out
+    assert "test accuracy" in out
+    for part in ("bank", "metrics.zarr", "run.json"):
+        assert (run_dir / part).exists(), part
