@@ -51,6 +51,9 @@ class SemiSupervisedConfig:
         Multiplier of the graph-regularization term.
     distance
         ``"kl"`` or ``"l2"`` (see :func:`graph_regularization`).
+    neighbour_temperature
+        Neighbour logits are divided by it before the graph term: values below 1 sharpen the
+        neighbours' distributions into firmer targets (1 leaves them as they are).
     pseudo_labels
         Add the pseudo-label term (bank mode only: pseudo labels come from a maker).
     pseudo_weight
@@ -76,6 +79,7 @@ class SemiSupervisedConfig:
     unlabelled_batch: int = 512
     graph_weight: float = 1.0
     distance: str = "kl"
+    neighbour_temperature: float = 1.0
     pseudo_labels: bool = False
     pseudo_weight: float = 0.5
     threshold: float = 0.6
@@ -94,6 +98,8 @@ class SemiSupervisedConfig:
             (int(self.unlabelled_batch) >= 0, f"unlabelled_batch {self.unlabelled_batch!r}, expected >= 0"),
             (0.0 <= self.dropout < 1.0, f"dropout {self.dropout!r}, expected a value in [0, 1)"),
             (self.lr > 0, f"lr {self.lr!r}, expected > 0"),
+            (self.neighbour_temperature > 0,
+             f"neighbour_temperature {self.neighbour_temperature!r}, expected > 0"),
             (0.0 < self.threshold <= 1.0, f"threshold {self.threshold!r}, expected a value in (0, 1]"),
             (not (self.pseudo_labels and self.mode != "bank"), "pseudo_labels need mode 'bank'"),
         )
@@ -218,6 +224,8 @@ class NodeClassifierCore:
                     )
                 nb = torch.from_numpy(np.ascontiguousarray(neighbour_logits, dtype=np.float32))
                 w = w * torch.from_numpy(neighbour_present.astype(np.float32))
+            if cfg.neighbour_temperature != 1.0:
+                nb = nb / cfg.neighbour_temperature
             g = graph_regularization(logits, nb, w, cfg.distance)
             loss = loss + cfg.graph_weight * g
             out["graph"] = float(g.detach())

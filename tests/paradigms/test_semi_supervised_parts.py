@@ -170,6 +170,8 @@ def test_config_rejects_bad_values() -> None:
         SemiSupervisedConfig(k=0)
     with pytest.raises(ConfigError, match="pseudo_labels need mode 'bank'"):
         SemiSupervisedConfig(mode="in-graph", pseudo_labels=True)
+    with pytest.raises(ConfigError, match=r"neighbour_temperature 0\.0, expected > 0"):
+        SemiSupervisedConfig(neighbour_temperature=0.0)
 
 
 def test_core_variants_train_and_bank_mode_uses_the_given_neighbours(cora) -> None:  # type: ignore[no-untyped-def]
@@ -199,3 +201,22 @@ def test_core_variants_train_and_bank_mode_uses_the_given_neighbours(cora) -> No
         bank.train_step(b)
     with pytest.raises(InvalidShapeError, match="neighbour_logits"):
         bank.train_step(b, neighbour_logits=nb[:, :2], neighbour_present=present[:, :2])
+
+
+def test_neighbour_temperature_sharpens_the_bank_targets(cora) -> None:  # type: ignore[no-untyped-def]
+    torch.set_num_threads(1)
+    terms = {}
+    for temp in (1.0, 0.5):
+        core = NodeClassifierCore(cora, SemiSupervisedConfig(mode="bank", k=3, unlabelled_batch=32, lr=1e-9,
+                                                             dropout=0.0, neighbour_temperature=temp))
+        b = core.sample_batch()
+        slots, weights, uniq = core.neighbour_keys(b)
+        rows = np.random.default_rng(1).normal(size=(len(uniq), cora.n_classes)).astype(np.float32)
+        nb, present = expand_neighbour_rows(slots, uniq, rows, np.ones(len(uniq), dtype=bool))
+        with torch.no_grad():
+            logits = core.model(core.x[b])
+        w = torch.from_numpy(weights) * torch.from_numpy(present.astype(np.float32))
+        expected = graph_regularization(logits, torch.from_numpy(nb) / temp, w)
+        terms[temp] = core.train_step(b, neighbour_logits=nb, neighbour_present=present)["graph"]
+        assert terms[temp] == pytest.approx(float(expected), rel=1e-5)
+    assert terms[0.5] != pytest.approx(terms[1.0], rel=1e-3)
