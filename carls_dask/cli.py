@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from carls_dask import __version__, bank_cli, dashboard_cli
-from carls_dask.errors import CarlsError
+from carls_dask.errors import CarlsError, ConfigError
 from carls_dask.runtime import runcli
 
 __all__ = ["build_parser", "main"]
@@ -44,12 +44,27 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(run_dir=args.run_dir, dataset=args.dataset, steps=args.steps)
 
 
-def _not_yet(name: str) -> Handler:
-    def handler(args: argparse.Namespace) -> int:
-        sys.stderr.write(f"carls-dask {name}: not available in carls-dask {__version__}\n")
-        return 2
+#: Benchmark scripts live beside the packages, in the checkout's ``benchmarks/`` folder.
+BENCHMARKS_DIR = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
 
-    return handler
+
+def _benchmarks() -> list[str]:
+    if not BENCHMARKS_DIR.is_dir():
+        return []
+    return sorted(p.stem for p in BENCHMARKS_DIR.glob("*.py") if not p.name.startswith("_"))
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import subprocess
+
+    names = _benchmarks()
+    if args.list or not args.name:
+        sys.stdout.write("".join(f"{n}\n" for n in names) if names else f"no benchmarks in {BENCHMARKS_DIR}\n")
+        return 0 if args.list else 2
+    if args.name not in names:
+        raise ConfigError(f"bench: unknown benchmark {args.name!r}; expected one of {names} (in {BENCHMARKS_DIR})")
+    script = BENCHMARKS_DIR / f"{args.name}.py"
+    return subprocess.call([sys.executable, str(script), *args.script_args], cwd=BENCHMARKS_DIR.parent)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,7 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=dashboard_cli.run)
 
     p = sub.add_parser("bench", help="run a benchmark script and print its measured ratios")
-    p.set_defaults(handler=_not_yet("bench"))
+    p.add_argument("name", nargs="?", help="benchmark to run (see --list), e.g. bank_throughput")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the benchmark script")
+    p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    p.set_defaults(handler=_cmd_bench)
     return parser
 
 

@@ -59,3 +59,15 @@ def test_demo_runs_the_semi_supervised_paradigm_and_writes_a_run_folder(
     assert "test accuracy" in out
     for part in ("bank", "metrics.zarr", "run.json"):
         assert (run_dir / part).exists(), part
+
+
+def test_bench_lists_the_benchmark_scripts_and_rejects_unknown_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--list"]) == 0
+    listed = capsys.readouterr().out.split()
+    assert {"bank_throughput", "snapshot", "graph_regularization", "curriculum", "multimodal"} <= set(listed)
+    assert main(["bench", "no_such_benchmark"]) == 1
+    assert "unknown benchmark 'no_such_benchmark'" in capsys.readouterr().err
+
+
+def test_bench_runs_a_script_with_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "snapshot", "--help"]) == 0
