@@ -122,6 +122,9 @@ class Dashboard(pn.viewable.Viewer):
     def start(self) -> pn.io.PeriodicCallback:
         """Refresh every :attr:`period` seconds from the Panel event loop, reading in worker threads."""
         if self._callback is None:
+            # The page was just drawn from fresh reads: the first plot redraw is due a plot period later,
+            # not while the browser is still laying out the page it got.
+            self._slow_started = time.monotonic()
             self._callback = pn.state.add_periodic_callback(self._tick, period=int(self.period * 1000))  # type: ignore[arg-type]
         return self._callback
 

@@ -90,6 +90,14 @@ class RunReader:
         self._latest_lock = threading.Lock()
         self._metrics_lock = threading.Lock()
         self._truth_lock = threading.Lock()
+        # The headline figures have their own cheap, incremental read (see :meth:`headline`).
+        self._head_lock = threading.Lock()
+        self._head_stamp: tuple[int, ...] = ()
+        self._head: dict[str, float] | None = None
+        self._head_version = -1
+        self._head_keys = np.zeros(0, np.int64)
+        self._head_max: dict[str, float] = {}
+        self._head_seq: dict[int, int] = {}
 
     # ------------------------------------------------------------------ what is there
 
@@ -215,6 +223,68 @@ class RunReader:
         self._latest, self._latest_stamp = ds, stamp
         return ds
 
+    # ------------------------------------------------------------------ headline figures
+
+    _HEAD_PROV = ("version", "model_step", "wall_time")
+
+    def _head_base(self, version: int) -> None:
+        """Start the headline state from committed snapshot ``version``: its keys and provenance maxima."""
+        from storage.snapshots import read_manifest, read_snapshot
+
+        man = read_manifest(self.bank_path, version)
+        self._head_seq = {int(s): int(i.get("delta_seq", 0)) for s, i in man.get("shards", {}).items()}
+        if self.table in man.get("tables", {}):
+            names = [f"prov/{n}" for n in self._HEAD_PROV if f"prov/{n}" in man["tables"][self.table].get("arrays", {})]
+            arrays = read_snapshot(self.bank_path, version, tables=[self.table], names=names)[self.table]
+        else:
+            arrays = {"keys": np.zeros(0, np.int64)}
+        self._head_keys = np.unique(np.asarray(arrays["keys"], np.int64))
+        self._head_max = {}
+        self._fold_max(arrays)
+        self._head_version = version
+
+    def _fold_max(self, arrays: dict[str, np.ndarray]) -> None:
+        for n in self._HEAD_PROV:
+            a = arrays.get(f"prov/{n}")
+            if a is not None and np.size(a):
+                v = float(np.nanmax(np.asarray(a, np.float64)))
+                self._head_max[n] = max(self._head_max.get(n, v), v)
+
+    def _headline_read(self) -> dict[str, float] | None:
+        from storage.deltalog import replay
+
+        stamp = self._bank_stamp()
+        if stamp == self._head_stamp and self._head is not None:
+            return self._head
+        snaps = self.snapshots()
+        if not snaps:
+            return None
+        try:
+            version = int(snaps[-1]["version"])
+            if version != self._head_version:
+                self._head_base(version)
+            seq = dict(self._head_seq)
+            for rec in replay(self.bank_path, since_seq=seq, tables=[self.table]):
+                self._head_seq[rec.shard] = max(self._head_seq.get(rec.shard, 0), rec.seq)
+                keys = np.asarray(rec.arrays.get("keys", np.zeros(0, np.int64)), np.int64)
+                if rec.op == "delete":
+                    self._head_keys = np.setdiff1d(self._head_keys, keys, assume_unique=False)
+                else:
+                    self._head_keys = np.union1d(self._head_keys, keys)
+                    self._fold_max(rec.arrays)
+        except StoreNotFoundError:
+            return None
+        except (StoreError, OSError, ValueError, KeyError) as exc:
+            logger.warning("bank store %s not readable yet: %s", self.bank_path, exc)
+            self._head_version = -1  # start over from the snapshot next time
+            return self._head
+        nan = float("nan")
+        head = {"rows": float(self._head_keys.size)}
+        head.update({n: self._head_max.get(n, nan) if self._head_keys.size else nan for n in self._HEAD_PROV})
+        head["snapshots"] = float(len(snaps))
+        self._head, self._head_stamp = head, stamp
+        return head
+
     # ------------------------------------------------------------------ truth
 
     def _truth_read(self) -> xr.DataArray | None:
@@ -256,6 +326,19 @@ class RunReader:
         """
         with self._latest_lock:
             return self._latest_read()
+
+    def headline(self) -> dict[str, float] | None:
+        """The bank's headline figures now: ``rows``, newest ``version``, ``model_step``, ``wall_time`` and
+        the number of ``snapshots``; ``None`` when there is no committed snapshot yet.
+
+        Cheap enough for every tick, and independent of :meth:`latest` (no lock shared with the plots):
+        the newest snapshot's keys and provenance maxima are read once, then only delta-log records
+        newer than those already counted are folded in. ``rows`` counts distinct live keys exactly; the
+        newest version, step and time are the largest written since the snapshot (a delete does not
+        lower them).
+        """
+        with self._head_lock:
+            return self._headline_read()
 
     def truth(self) -> xr.DataArray | None:
         """Held-out labels over ``key`` from ``truth.npz``, or ``None`` when the run has none."""

@@ -54,8 +54,10 @@ class HealthView(RunView):
         """Read the headline figures (safe in a worker thread); ``None`` when the run is not there."""
         if self.reader is None or self.reader.problem():
             return None
-        figures = bank_summary(self.reader.latest())
-        figures["snapshots"] = float(len(self.reader.snapshots()))
+        figures = self.reader.headline()  # cheap and incremental: never waits on a whole-bank read
+        if figures is None:
+            figures = bank_summary(None)
+            figures["snapshots"] = 0.0
         return figures
 
     def show_numbers(self, figures: dict[str, float]) -> None:
@@ -70,11 +72,10 @@ class HealthView(RunView):
 
     def _numbers(self) -> xr.Dataset | None:
         assert self.reader is not None
-        ds = self.reader.latest()
-        figures = bank_summary(ds)
-        figures["snapshots"] = float(len(self.reader.snapshots()))
-        self.show_numbers(figures)
-        return ds
+        figures = self.read_numbers()
+        if figures is not None:
+            self.show_numbers(figures)
+        return self.reader.latest()
 
     def _inputs(self) -> tuple[object, ...]:
         assert self.reader is not None

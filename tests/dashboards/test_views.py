@@ -154,3 +154,26 @@ def test_ticks_refresh_figures_each_time_and_plots_at_most_once_per_plot_period(
     assert asyncio.run(two_ticks())  # the second tick did not start another plot refresh
     assert d.health.rows.value == 600 and d.drift.drift() is not None
     assert "refreshed" in d.status.object
+
+
+def test_headline_counts_delta_rows_like_the_full_read(tmp_path: pathlib.Path) -> None:
+    from storage.deltalog import DeltaLog
+    from tests.dashboards.runfolder import N_SHARDS, delta_rows
+
+    keys, cols = nodes(60, 10)
+    write_snapshot(tmp_path / "bank", 10, keys[:50], {k: v[:50] for k, v in cols.items()})
+    reader = RunReader(tmp_path)
+    assert reader.headline()["rows"] == 50  # type: ignore[index]
+    logs = [DeltaLog(tmp_path / "bank", s, sync=False) for s in range(N_SHARDS)]
+    try:
+        new = slice(45, 60)  # five rows already in the snapshot, ten new ones
+        for s, log in enumerate(logs):
+            log.append(30, "nodes", "upsert", delta_rows(keys[new], {k: v[new] for k, v in cols.items()}, 30, s))
+        head = reader.headline()
+        full = reader.latest()
+        assert full is not None and head is not None
+        assert head["rows"] == full.sizes["key"] == 60
+        assert head["model_step"] == 30 and head["snapshots"] == 1
+    finally:
+        for log in logs:
+            log.close()
