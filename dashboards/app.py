@@ -20,6 +20,23 @@ from dashboards.dashboard import Dashboard, run_path_from
 from dashboards.runreader import RunReader
 
 pn.extension(sizing_mode="stretch_width", notifications=False, inline=True)  # no CDN: works offline
+
+
+def _serve_stylesheets_locally() -> None:
+    """Make Panel's fallback for component stylesheets this server's copy, never its CDN.
+
+    Panel points a component's stylesheets (``loading.css``, ``alerts.css``, ...) at the page's
+    ``dist_url``, and at its CDN when the document it builds for has none (a model built outside a
+    served page's document). Such a model would make an offline page fetch from outside; with this
+    fallback it asks the server it came from, which serves the same files.
+    """
+    from panel import reactive
+    from panel.io.resources import LOCAL_DIST
+
+    reactive.CDN_DIST = LOCAL_DIST
+
+
+_serve_stylesheets_locally()
 hv.extension("bokeh", logo=False)
 
 if not pn.state.cache.get("carls-warm"):
