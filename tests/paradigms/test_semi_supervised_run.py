@@ -10,7 +10,7 @@ import pytest
 
 from paradigms.data.planetoid import find_data_dir
 from paradigms.semi_supervised.core import SemiSupervisedConfig
-from paradigms.semi_supervised.run import config_from_options, run_semi_supervised
+from paradigms.semi_supervised.run import ALL_NODES, config_from_options, run_semi_supervised
 from storage.errors import ConfigError, StoreNotFoundError
 
 
@@ -88,6 +88,13 @@ def test_options_from_the_command_line() -> None:
         "citeseer", 10, (128, 32), False, 0.8, 50)
     assert config_from_options({}).pseudo_labels is True
     assert config_from_options({"mode": "base"}).pseudo_labels is False
+    bank = config_from_options({})
+    assert (bank.unlabelled_batch, bank.neighbour_temperature) == (ALL_NODES, 0.5)
+    assert bank.unlabelled_batch >= 2708
+    mine = config_from_options({"neighbour-temperature": "0.7", "unlabelled_batch": "64"})
+    assert (mine.unlabelled_batch, mine.neighbour_temperature) == (64, 0.7)
+    base = config_from_options({"mode": "in-graph"})
+    assert (base.unlabelled_batch, base.neighbour_temperature) == (512, 1.0)
     with pytest.raises(ConfigError, match=r"'colour': unknown; expected one of"):
         config_from_options({"colour": "red"})
     with pytest.raises(ConfigError, match=r"k='many'"):
