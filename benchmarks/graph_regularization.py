@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from paradigms.semi_supervised.core import SemiSupervisedConfig
-from paradigms.semi_supervised.run import run_semi_supervised
+from paradigms.semi_supervised.run import BANK_DEFAULTS, run_semi_supervised
 
 VARIANTS = (
     ("base MLP", {"mode": "base"}),
@@ -37,9 +37,6 @@ VARIANTS = (
     ("carls-dask bank", {"mode": "bank"}),
     ("carls-dask bank + pseudo labels", {"mode": "bank", "pseudo_labels": True}),
 )
-
-# More than any Planetoid graph has nodes: a bank step then covers every unlabelled node.
-ALL_NODES = 1_000_000
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -52,10 +49,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--speed-steps", type=int, default=60, help="trainer steps of each throughput run")
     p.add_argument("--repeats", type=int, default=2, help="throughput runs per (variant, K); the median is kept")
     p.add_argument("--unlabelled-batch", type=int, default=512, help="unlabelled nodes per step (base, in-graph)")
-    p.add_argument("--bank-unlabelled-batch", type=int, default=ALL_NODES,
+    p.add_argument("--bank-unlabelled-batch", type=int, default=BANK_DEFAULTS["unlabelled_batch"],
                    help="unlabelled nodes per step of the bank variants (default: all; the lookup cost barely grows)")
-    p.add_argument("--bank-temperature", type=float, default=0.5,
+    p.add_argument("--bank-temperature", type=float, default=BANK_DEFAULTS["neighbour_temperature"],
                    help="neighbour_temperature of the bank variants (chosen on the validation split)")
+    p.add_argument("--bank-threshold", type=float, default=BANK_DEFAULTS["threshold"],
+                   help="pseudo-label confidence threshold of the bank variants (chosen on the validation split)")
+    p.add_argument("--bank-pseudo-weight", type=float, default=BANK_DEFAULTS["pseudo_weight"],
+                   help="pseudo-label loss weight of the bank variants (chosen on the validation split)")
     p.add_argument("--data-dir", default=None, help="data folder (default: carls.data.dir, CARLS_DATA_DIR, ../shared/data)")
     p.add_argument("--variants", default="0,1,2,3",
                    help="accuracy variants to run, by index: 0 base, 1 in-graph, 2 bank, 3 bank + pseudo labels")
@@ -72,7 +73,8 @@ def _fmt(values: list[float]) -> str:
 
 def _run(client: Any, args: argparse.Namespace, **kw: Any) -> dict[str, Any]:
     if kw.get("mode") == "bank":
-        kw = {"unlabelled_batch": args.bank_unlabelled_batch, "neighbour_temperature": args.bank_temperature, **kw}
+        kw = {"unlabelled_batch": args.bank_unlabelled_batch, "neighbour_temperature": args.bank_temperature,
+              "threshold": args.bank_threshold, "pseudo_weight": args.bank_pseudo_weight, **kw}
     cfg = SemiSupervisedConfig(dataset=args.dataset, **{"unlabelled_batch": args.unlabelled_batch, **kw})
     return run_semi_supervised(cfg, cluster=client, data_dir=args.data_dir, progress=False, timeout=1800)
 

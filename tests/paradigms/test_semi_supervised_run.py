@@ -89,12 +89,12 @@ def test_options_from_the_command_line() -> None:
     assert config_from_options({}).pseudo_labels is True
     assert config_from_options({"mode": "base"}).pseudo_labels is False
     bank = config_from_options({})
-    assert (bank.unlabelled_batch, bank.neighbour_temperature) == (ALL_NODES, 0.5)
+    assert (bank.unlabelled_batch, bank.neighbour_temperature, bank.threshold) == (ALL_NODES, 0.5, 0.99)
     assert bank.unlabelled_batch >= 2708
     mine = config_from_options({"neighbour-temperature": "0.7", "unlabelled_batch": "64"})
     assert (mine.unlabelled_batch, mine.neighbour_temperature) == (64, 0.7)
     base = config_from_options({"mode": "in-graph"})
-    assert (base.unlabelled_batch, base.neighbour_temperature) == (512, 1.0)
+    assert (base.unlabelled_batch, base.neighbour_temperature, base.threshold) == (512, 1.0, 0.6)
     with pytest.raises(ConfigError, match=r"'colour': unknown; expected one of"):
         config_from_options({"colour": "red"})
     with pytest.raises(ConfigError, match=r"k='many'"):
