@@ -47,6 +47,15 @@ def difficulty_table(name: str = TABLE) -> Any:
     ), optimizer=None)
 
 
+def _prepare(settings: CurriculumSettings, ctx: LoopContext) -> tuple[Any, Any]:
+    """Set the worker's torch threads, load the data set and pick the loop's device (trainer and maker alike)."""
+    import torch
+
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+    return load_data(settings), torch.device(ctx.device)
+
+
 def _logits(model: Any, x: Any, batch: int = 4096) -> np.ndarray:
     import torch
 
@@ -84,10 +93,7 @@ class CurriculumTrainer(Trainer):
         import torch
 
         s = self.settings
-        if s.threads is not None:
-            torch.set_num_threads(s.threads)
-        data = load_data(s)
-        self.device = torch.device(ctx.device)
+        data, self.device = _prepare(s, ctx)
         self.x = torch.from_numpy(data.images.x_train).to(self.device)
         self.x_test = torch.from_numpy(data.images.x_test).to(self.device)
         self.y_test = data.images.y_test
@@ -212,10 +218,7 @@ class DifficultyMaker(KnowledgeMaker):
         import torch
 
         s = self.settings
-        if s.threads is not None:
-            torch.set_num_threads(s.threads)
-        data = load_data(s)
-        self.device = torch.device(ctx.device)
+        data, self.device = _prepare(s, ctx)
         self.keys = np.arange(data.labels.labels.shape[0], dtype=np.int64)[self.part::self.parts]
         self.x = torch.from_numpy(data.images.x_train[self.keys]).to(self.device)
         self.given = data.labels.labels[self.keys]
