@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import pathlib
 from typing import Any
 
 from carls_dask import config
 from storage.errors import ConfigError
 
-__all__ = ["JOBQUEUE_CLASSES", "gpu_workers", "start_cluster"]
+__all__ = ["JOBQUEUE_CLASSES", "SECURITY_KINDS", "gpu_workers", "make_security", "start_cluster"]
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +24,57 @@ JOBQUEUE_CLASSES = {
     "moab": "MoabCluster",
 }
 
+#: Values of ``carls.cluster.security``.
+SECURITY_KINDS = ("none", "temporary", "files")
+
+
+def make_security(security: Any = None) -> Any:
+    """The :class:`distributed.security.Security` of the cluster, or ``None`` for plain TCP.
+
+    Parameters
+    ----------
+    security
+        A ``Security`` object (used as is); ``"none"`` / ``False``; ``"temporary"`` / ``True``
+        (self-signed certificates made now, kept in memory, TLS required on every connection); or
+        ``"files"`` (the PEM files of ``carls.cluster.tls``: ``ca-file``, ``cert``, ``key``).
+        Default ``carls.cluster.security``.
+
+    Raises
+    ------
+    ConfigError
+        For an unknown kind, or ``"files"`` with a missing or unreadable file.
+    """
+    from distributed.security import Security
+
+    if isinstance(security, Security):
+        return security
+    if security is True:
+        security = "temporary"
+    elif security is False:
+        security = "none"
+    kind = config.get("cluster.security", security)
+    if kind in (None, "none"):
+        return None
+    if kind == "temporary":
+        try:
+            return Security.temporary()  # requires encryption: it is made with certificates
+        except ImportError as exc:
+            raise ConfigError("carls.cluster.security is 'temporary' but the 'cryptography' package is missing; "
+                              "expected it installed (it is a carls-dask dependency)") from exc
+    if kind == "files":
+        files = {}
+        for key in ("ca-file", "cert", "key"):
+            value = config.get(f"cluster.tls.{key}")
+            if not value or not pathlib.Path(str(value)).is_file():
+                raise ConfigError(f"carls.cluster.tls.{key}: got {value!r}; expected the path of a PEM file "
+                                  "(carls.cluster.security is 'files')")
+            files[key] = str(value)
+        roles = {f"tls_{role}_{part}": files[part] for role in ("client", "scheduler", "worker")
+                 for part in ("cert", "key")}
+        return Security(tls_ca_file=files["ca-file"], require_encryption=True, **roles)
+    raise ConfigError(f"carls.cluster.security: got {kind!r}; expected one of {list(SECURITY_KINDS)} "
+                      "or a distributed.security.Security")
+
 
 def _local_gpus() -> int:
     import torch
@@ -33,9 +85,12 @@ def _local_gpus() -> int:
 def start_local(**overrides: Any) -> Any:
     """Start a :class:`distributed.LocalCluster` from ``carls.cluster`` (worker processes).
 
-    Workers advertise a ``GPU`` resource when this machine has CUDA devices.
+    Workers advertise a ``GPU`` resource when this machine has CUDA devices. A ``security``
+    override (see :func:`make_security`) secures every connection with TLS.
     """
     from distributed import LocalCluster
+
+    security = make_security(overrides.pop("security", None))
 
     n_workers = int(config.get("cluster.n-workers", overrides.pop("n_workers", None)))
     kwargs: dict[str, Any] = {
@@ -45,6 +100,9 @@ def start_local(**overrides: Any) -> Any:
         "host": config.get("cluster.host", overrides.pop("host", None)),
         "dashboard_address": config.get("cluster.dashboard-address", overrides.pop("dashboard_address", None)),
     }
+    if security is not None:
+        kwargs["security"] = security
+        kwargs["protocol"] = "tls://"
     gpus = _local_gpus()
     if gpus:
         kwargs["resources"] = {"GPU": max(1, gpus // n_workers)}
@@ -68,6 +126,10 @@ def start_jobqueue(**overrides: Any) -> Any:
         raise ConfigError("carls.cluster.kind is 'jobqueue' but dask-jobqueue is not installed "
                           "(pip install 'carls-dask[hpc]')") from exc
     cls = getattr(dask_jobqueue, JOBQUEUE_CLASSES[system])
+    security = make_security(overrides.pop("security", None))
+    if security is not None:
+        overrides["security"] = security
+        overrides.setdefault("protocol", "tls://")
     jobs = int(config.get("cluster.jobqueue.jobs", overrides.pop("jobs", None)))
     gpus = int(config.get("cluster.jobqueue.gpus-per-job", overrides.pop("gpus_per_job", None)))
     if gpus:
@@ -96,6 +158,7 @@ def start_cluster(kind: str | None = None, **overrides: Any) -> tuple[Any, str |
     if kind == "local":
         return start_local(**overrides), None
     if kind == "address":
+        overrides.pop("security", None)  # the caller connects with it
         address = config.get("cluster.address", overrides.pop("address", None))
         if not address:
             raise ConfigError("carls.cluster.kind is 'address' but carls.cluster.address is not set; "

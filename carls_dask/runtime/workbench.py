@@ -30,7 +30,7 @@ from typing import Any
 
 from carls_dask import config
 from carls_dask.runtime.channel import ModelChannel, unique_prefix
-from carls_dask.runtime.clusters import gpu_workers, start_cluster
+from carls_dask.runtime.clusters import gpu_workers, make_security, start_cluster
 from carls_dask.runtime.context import LoopResult
 from carls_dask.runtime.lifecycle import Lifecycle, State
 from carls_dask.runtime.maker import KnowledgeMaker
@@ -108,11 +108,16 @@ class Workbench:
     cluster_options
         Keyword arguments for the cluster the Workbench starts (e.g. ``n_workers`` or SLURMCluster's
         ``cores``, ``memory``, ``queue``).
+    security
+        TLS of the cluster the Workbench starts (and of its client): a
+        :class:`distributed.security.Security`, ``"temporary"`` (self-signed certificates made at
+        start), ``"files"`` (``carls.cluster.tls``) or ``"none"``; default ``carls.cluster.security``.
+        With a scheduler address (``tls://...``) it is the client's certificate.
     """
 
     def __init__(self, cluster: Any = None, *, run_dir: str | pathlib.Path | None = None, name: str | None = None,
                  progress: bool | None = None, stop_timeout: float | str | None = None,
-                 cluster_options: dict[str, Any] | None = None) -> None:
+                 cluster_options: dict[str, Any] | None = None, security: Any = None) -> None:
         self._cluster_arg = cluster
         self.run_dir = pathlib.Path(run_dir) if run_dir is not None else None
         self.name = name or (self.run_dir.name if self.run_dir is not None else "run")
@@ -122,6 +127,7 @@ class Workbench:
         self.report_interval = config.get_seconds("runtime.report-interval")
         self.start_timeout = config.get_seconds("cluster.start-timeout")
         self.cluster_options = dict(cluster_options or {})
+        self.security = make_security(security)
         self._life = Lifecycle(f"Workbench {self.name!r}")
         self.prefix = unique_prefix()
         self.stop_event_name = f"{self.prefix}-stop"
@@ -183,7 +189,8 @@ class Workbench:
             return
         n_wait = 1
         if arg is None:
-            self.cluster, address = start_cluster(**self.cluster_options)
+            self.cluster, address = start_cluster(**self.cluster_options,
+                                                         security=self.security if self.security is not None else False)
             self._own_cluster = self.cluster is not None
             target: Any = self.cluster if self.cluster is not None else address
             if self._own_cluster:
@@ -192,7 +199,8 @@ class Workbench:
             target = arg
         else:
             self.cluster = target = arg
-        self.client = client_cls(target, timeout=self.start_timeout)
+        sec = {"security": self.security} if self.security is not None and isinstance(target, str) else {}
+        self.client = client_cls(target, timeout=self.start_timeout, **sec)
         self._own_client = True
         try:
             self.client.wait_for_workers(n_wait, timeout=self.start_timeout)
@@ -228,7 +236,7 @@ class Workbench:
         return self._home_worker
 
     def create_bank(self, tables: Sequence[Any], *, n_shards: int | None = None, buckets: int | None = None,
-                    placement: str | None = None, name: str | None = None) -> Any:
+                    placement: str | None = None, name: str | None = None, log_root: str | None = None) -> Any:
         """Create the run's :class:`~carls_dask.bank.KnowledgeBank` (one actor per shard).
 
         Parameters
@@ -241,6 +249,9 @@ class Workbench:
             ``"spread"`` places shards round-robin over all workers; ``"colocate"`` puts every shard
             on the first trainer's worker (the fast path for one trainer). Default
             ``carls.bank.placement``.
+        log_root
+            Bank store folder: every mutating batch is appended to its delta log before the call
+            returns (see :meth:`KnowledgeBank.create`).
         """
         from carls_dask.bank.client import KnowledgeBank
 
@@ -253,7 +264,7 @@ class Workbench:
         self._placement = placement
         workers = [self.home_worker()] if placement == "colocate" else None
         self.bank = KnowledgeBank.create(self.client, tables, n_shards=n_shards, buckets=buckets, workers=workers,
-                                         name=name or f"{self.prefix}-bank")
+                                         name=name or f"{self.prefix}-bank", log_root=log_root)
         return self.bank
 
     # -- loops -------------------------------------------------------------------------------
