@@ -24,9 +24,10 @@ from paradigms.semi_supervised.model import MLP
 from paradigms.semi_supervised.neighbours import NeighbourTable, build_neighbour_table
 from storage.errors import ConfigError, InvalidShapeError
 
-__all__ = ["MODES", "NodeClassifierCore", "SemiSupervisedConfig", "expand_neighbour_rows"]
+__all__ = ["MODES", "PSEUDO_SELECTIONS", "NodeClassifierCore", "SemiSupervisedConfig", "expand_neighbour_rows"]
 
 MODES = ("base", "in-graph", "bank")
+PSEUDO_SELECTIONS = ("threshold", "balanced")
 
 
 @dataclasses.dataclass
@@ -59,7 +60,23 @@ class SemiSupervisedConfig:
     pseudo_weight
         Multiplier of the pseudo-label term.
     threshold
-        Confidence a prediction needs to become a pseudo label.
+        Confidence a prediction needs to become a pseudo label (``pseudo_selection="threshold"``).
+    pseudo_selection
+        ``"threshold"``: every unlabelled node whose model confidence passes ``threshold``;
+        ``"balanced"``: per class, the candidates with the most confident neighbour vote that agrees
+        with the model, up to ``pseudo_fraction`` of the candidates in all (see
+        :func:`~paradigms.semi_supervised.pseudo_labels.select_balanced_pseudo_labels`).
+    pseudo_fraction
+        Share of the unlabelled nodes that may get a pseudo label (``balanced``).
+    pseudo_alpha
+        Neighbour weight of the label propagation that makes the votes (``balanced``; 0: the model alone).
+    pseudo_agreement
+        Require the model's and the neighbour vote's classes to agree (``balanced``).
+    pseudo_warmup
+        Model step before which no pseudo label is given.
+    pseudo_ramp
+        Steps after the warm-up over which the labelled share grows linearly to ``pseudo_fraction``
+        (0: all at once).
     eval_every
         Steps between validation evaluations (the best-validation model is the one reported).
     seed
@@ -83,6 +100,12 @@ class SemiSupervisedConfig:
     pseudo_labels: bool = False
     pseudo_weight: float = 0.5
     threshold: float = 0.6
+    pseudo_selection: str = "threshold"
+    pseudo_fraction: float = 0.3
+    pseudo_alpha: float = 0.9
+    pseudo_agreement: bool = True
+    pseudo_warmup: int = 0
+    pseudo_ramp: int = 0
     eval_every: int = 10
     seed: int = 0
     neighbour_seed: int = 0
@@ -102,6 +125,12 @@ class SemiSupervisedConfig:
              f"neighbour_temperature {self.neighbour_temperature!r}, expected > 0"),
             (0.0 < self.threshold <= 1.0, f"threshold {self.threshold!r}, expected a value in (0, 1]"),
             (not (self.pseudo_labels and self.mode != "bank"), "pseudo_labels need mode 'bank'"),
+            (self.pseudo_selection in PSEUDO_SELECTIONS,
+             f"pseudo_selection {self.pseudo_selection!r}, expected one of {PSEUDO_SELECTIONS}"),
+            (0.0 <= self.pseudo_fraction <= 1.0, f"pseudo_fraction {self.pseudo_fraction!r}, expected a value in [0, 1]"),
+            (0.0 <= self.pseudo_alpha < 1.0, f"pseudo_alpha {self.pseudo_alpha!r}, expected a value in [0, 1)"),
+            (int(self.pseudo_warmup) >= 0, f"pseudo_warmup {self.pseudo_warmup!r}, expected an integer >= 0"),
+            (int(self.pseudo_ramp) >= 0, f"pseudo_ramp {self.pseudo_ramp!r}, expected an integer >= 0"),
         )
         for ok, msg in checks:
             if not ok:
@@ -139,16 +168,20 @@ def expand_neighbour_rows(
         raise InvalidShapeError(
             f"neighbour rows: {rows.shape[0]} rows and {found.shape} found flags for {row_keys.shape[0]} keys"
         )
-    pos = np.searchsorted(row_keys, slot_keys).clip(0, max(len(row_keys) - 1, 0))
     valid = slot_keys >= 0
     if len(row_keys):
-        valid &= row_keys[pos] == slot_keys
-        present = valid & found[pos]
-        values = rows[pos]
+        # a position map over the key range (O(B*K), no search); keys outside it are misses
+        top = int(row_keys[-1])
+        pos_map = np.zeros(top + 1, dtype=np.int64)
+        pos_map[row_keys] = np.arange(len(row_keys))
+        inside = valid & (slot_keys <= top)
+        pos = pos_map[np.where(inside, slot_keys, 0)]
+        present = inside & (row_keys[pos] == slot_keys) & found[pos]
+        values = rows[pos]  # a fresh copy: absent slots are zeroed in place
+        values[~present] = 0
     else:
         present = np.zeros(slot_keys.shape, dtype=bool)
         values = np.zeros((*slot_keys.shape, *rows.shape[1:]), dtype=rows.dtype)
-    values = np.where(present.reshape(*present.shape, *([1] * (rows.ndim - 1))), values, 0)
     return values, present
 
 
@@ -188,7 +221,9 @@ class NodeClassifierCore:
     def neighbour_keys(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(slot_keys[B, K], weights[B, K], unique_keys[u])`` of a batch's neighbours."""
         keys, weights = self.table.gather(batch)
-        return keys, weights, np.unique(keys[keys >= 0])
+        seen = np.zeros(self.graph.n_nodes, dtype=bool)  # O(B*K) marking instead of a sort
+        seen[keys[keys >= 0]] = True
+        return keys, weights, np.flatnonzero(seen).astype(np.int64)
 
     def train_step(
         self,
@@ -197,11 +232,14 @@ class NodeClassifierCore:
         neighbour_present: np.ndarray | None = None,
         pseudo_labels: np.ndarray | None = None,
         pseudo_confidence: np.ndarray | None = None,
+        neighbour_weights: np.ndarray | None = None,
     ) -> dict[str, float]:
         """Run one optimizer step on ``batch`` and return its loss terms.
 
         In ``bank`` mode, ``neighbour_logits[B, K, C]`` and ``neighbour_present[B, K]`` must be given;
         ``pseudo_labels[B]`` (``-1`` = none) and ``pseudo_confidence[B]`` add the pseudo-label term.
+        ``neighbour_weights[B, K]`` are the batch's slot weights when the caller gathered them
+        already (:meth:`neighbour_keys`), else they are gathered here.
         """
         cfg = self.config
         n_train = len(self.graph.train)
@@ -211,16 +249,19 @@ class NodeClassifierCore:
         loss = ce
         out = {"ce": float(ce.detach())}
         if cfg.mode != "base":
-            keys, weights = self.table.gather(batch)
-            w = torch.from_numpy(weights)
             if cfg.mode == "in-graph":
+                keys, weights = self.table.gather(batch)
+                w = torch.from_numpy(weights)
                 nb = self.model(self.x[keys.clip(min=0).reshape(-1)]).reshape(len(batch), cfg.k, -1)
             else:
+                weights = self.table.weights[batch] if neighbour_weights is None else neighbour_weights
+                w = torch.from_numpy(weights)
                 if neighbour_logits is None or neighbour_present is None:
                     raise ConfigError("train_step: bank mode needs neighbour_logits and neighbour_present")
-                if neighbour_logits.shape[:2] != keys.shape:
+                if neighbour_logits.shape[:2] != weights.shape or neighbour_present.shape != weights.shape:
                     raise InvalidShapeError(
-                        f"train_step: neighbour_logits {neighbour_logits.shape}, expected {(*keys.shape, logits.shape[1])}"
+                        f"train_step: neighbour_logits {neighbour_logits.shape} and neighbour_present "
+                        f"{neighbour_present.shape}, expected {(*weights.shape, logits.shape[1])} and {weights.shape}"
                     )
                 nb = torch.from_numpy(np.ascontiguousarray(neighbour_logits, dtype=np.float32))
                 w = w * torch.from_numpy(neighbour_present.astype(np.float32))

@@ -28,7 +28,14 @@ from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.trainer import Trainer
 from paradigms.data.planetoid import PlanetoidGraph, load_planetoid
 from paradigms.semi_supervised.core import NodeClassifierCore, SemiSupervisedConfig, expand_neighbour_rows
-from paradigms.semi_supervised.pseudo_labels import pseudo_label_quality, select_pseudo_labels
+from paradigms.semi_supervised.pseudo_labels import (
+    PseudoLabels,
+    normalized_adjacency,
+    propagate_labels,
+    pseudo_label_quality,
+    select_balanced_pseudo_labels,
+    select_pseudo_labels,
+)
 from storage.errors import ConfigError
 
 __all__ = ["NODES_TABLE", "PSEUDO_TABLE", "GraphTrainer", "NeighbourMaker", "PseudoLabelMaker", "bank_tables"]
@@ -110,7 +117,7 @@ class GraphTrainer(Trainer):
 
     def _bank_inputs(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         assert self.bank is not None
-        slot_keys, _, unique = self.core.neighbour_keys(batch)
+        slot_keys, weights, unique = self.core.neighbour_keys(batch)
         if len(unique):
             t0 = time.perf_counter()
             got = self.bank.lookup(NODES_TABLE, unique, columns=["logits"])
@@ -125,7 +132,8 @@ class GraphTrainer(Trainer):
             found = np.zeros(0, dtype=bool)
             rows = np.zeros((0, self.graph.n_classes), dtype=np.float32)
         logits, present = expand_neighbour_rows(slot_keys, unique, rows, found)
-        out = {"neighbour_logits": logits, "neighbour_present": present}
+        out = {"neighbour_logits": logits, "neighbour_present": present, "neighbour_weights": weights}
+        self.last_slots = int((slot_keys >= 0).sum())
         if self.config.pseudo_labels:
             n_train = len(self.graph.train)
             rest = batch[n_train:]
@@ -148,7 +156,7 @@ class GraphTrainer(Trainer):
         self.step_seconds += time.perf_counter() - t0
         self.timed_steps += 1
         if "neighbour_present" in inputs:
-            out["neighbour_found"] = float(inputs["neighbour_present"].sum() / max(1, (self.core.table.gather(batch)[0] >= 0).sum()))
+            out["neighbour_found"] = float(inputs["neighbour_present"].sum() / max(1, self.last_slots))
         if self.age_n:
             out["neighbour_age_s"] = self.age_sum / self.age_n
         if (step + 1) % self.config.eval_every == 0 or step + 1 == self.config.steps:
@@ -226,11 +234,17 @@ class NeighbourMaker(_ModelMaker):
 
 
 class PseudoLabelMaker(_ModelMaker):
-    """Writes confident pseudo labels of unlabelled nodes; reports their precision and coverage.
+    """Writes pseudo labels of unlabelled nodes; reports their precision and coverage.
 
-    Candidates are all nodes outside the labelled-train split. Truth is used only to measure
-    ``pl_precision`` (share of given labels that are right) and ``pl_coverage`` (share of
-    candidates labelled).
+    Candidates are all nodes outside the labelled-train split. Every round re-scores all of them
+    with the newest model and replaces the previous set (labels that no longer qualify are
+    deleted). With ``pseudo_selection="threshold"`` a candidate qualifies when the model's
+    confidence passes ``threshold``; with ``"balanced"`` the model's probabilities are propagated
+    over the graph from the labelled-train nodes (the neighbour votes) and each class takes its
+    most confident candidates on which votes and model agree, up to its share of
+    ``pseudo_fraction`` (growing over ``pseudo_ramp`` steps after ``pseudo_warmup``). Truth is used
+    only to measure ``pl_precision`` (share of given labels that are right) and ``pl_coverage``
+    (share of candidates labelled).
     """
 
     def __init__(self, name: str = "pseudo-labeller", config: SemiSupervisedConfig | None = None, **kwargs: Any) -> None:
@@ -240,6 +254,29 @@ class PseudoLabelMaker(_ModelMaker):
         super().setup(ctx)
         self.candidates = self.graph.unlabelled()
         self.current = np.zeros(0, dtype=np.int64)
+        self.adjacency = normalized_adjacency(self.graph.edges, self.graph.n_nodes)
+
+    def fraction_at(self, step: int) -> float:
+        """Share of the candidates that may be labelled at model step ``step`` (``balanced``)."""
+        cfg = self.config
+        if step < cfg.pseudo_warmup:
+            return 0.0
+        if cfg.pseudo_ramp <= 0:
+            return float(cfg.pseudo_fraction)
+        return float(cfg.pseudo_fraction) * min(1.0, (step - cfg.pseudo_warmup) / cfg.pseudo_ramp)
+
+    def choose(self, probs: np.ndarray, step: int) -> PseudoLabels:
+        """The pseudo labels of the model version at ``step`` given its class probabilities."""
+        cfg = self.config
+        if step < cfg.pseudo_warmup:
+            return PseudoLabels(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                                np.zeros(0, dtype=np.float32), len(self.candidates))
+        if cfg.pseudo_selection == "threshold":
+            return select_pseudo_labels(probs, self.candidates, cfg.threshold)
+        train = self.graph.train
+        votes = propagate_labels(probs, self.adjacency, train, self.graph.labels[train], cfg.pseudo_alpha)
+        return select_balanced_pseudo_labels(probs, votes, self.candidates, self.fraction_at(step),
+                                             agreement=cfg.pseudo_agreement)
 
     def make(self, version: ModelVersion) -> Mapping[str, float]:
         import torch
@@ -247,7 +284,7 @@ class PseudoLabelMaker(_ModelMaker):
         assert self.ctx is not None
         _, logits = self._forward()
         probs = torch.softmax(torch.from_numpy(logits), dim=1).numpy()
-        chosen = select_pseudo_labels(probs, self.candidates, self.config.threshold)
+        chosen = self.choose(probs, int(version.step))
         if len(chosen.keys):
             self.ctx.bank.update(PSEUDO_TABLE, chosen.keys, {"pseudo_label": chosen.labels,
                                                              "confidence": chosen.confidence},

@@ -1,14 +1,22 @@
-"""Choosing pseudo labels by confidence, and measuring how good they are."""
+"""Choosing pseudo labels (by confidence, or class-balanced with neighbour votes) and measuring how good they are."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
 from storage.errors import ConfigError, InvalidShapeError
 
-__all__ = ["PseudoLabels", "pseudo_label_quality", "select_pseudo_labels"]
+__all__ = [
+    "PseudoLabels",
+    "normalized_adjacency",
+    "propagate_labels",
+    "pseudo_label_quality",
+    "select_balanced_pseudo_labels",
+    "select_pseudo_labels",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,3 +85,126 @@ def pseudo_label_quality(labels: PseudoLabels, truth: np.ndarray) -> dict[str, f
         "coverage": n / labels.n_candidates if labels.n_candidates else 0.0,
         "count": float(n),
     }
+
+
+def normalized_adjacency(edges: np.ndarray, n_nodes: int) -> Any:
+    """The symmetric normalised adjacency ``D^-1/2 A D^-1/2`` of an undirected graph (scipy CSR).
+
+    Parameters
+    ----------
+    edges
+        ``int64[2, m]`` node pairs, each undirected edge listed once or twice (duplicates count once).
+    n_nodes
+        Number of nodes; isolated nodes get an empty row.
+    """
+    import scipy.sparse as sp
+
+    edges = np.asarray(edges, dtype=np.int64)
+    if edges.ndim != 2 or edges.shape[0] != 2:
+        raise InvalidShapeError(f"normalized adjacency: edges must be [2, m], got shape {edges.shape}")
+    if edges.size and (edges.min() < 0 or edges.max() >= n_nodes):
+        raise InvalidShapeError(f"normalized adjacency: edge ends must lie in [0, {n_nodes})")
+    src = np.concatenate([edges[0], edges[1]])
+    dst = np.concatenate([edges[1], edges[0]])
+    keep = src != dst
+    a = sp.coo_matrix((np.ones(int(keep.sum()), dtype=np.float32), (src[keep], dst[keep])), shape=(n_nodes, n_nodes)).tocsr()
+    a.data[:] = 1.0  # duplicates summed by tocsr count once
+    deg = np.asarray(a.sum(1)).ravel()
+    inv = np.where(deg > 0, 1.0 / np.sqrt(np.maximum(deg, 1e-12)), 0.0).astype(np.float32)
+    return sp.diags(inv) @ a @ sp.diags(inv)
+
+
+def propagate_labels(probs: np.ndarray, adjacency: Any, known: np.ndarray, known_labels: np.ndarray,
+                     alpha: float, iterations: int = 10) -> np.ndarray:
+    """Neighbour votes: the model's class probabilities spread over the graph (label propagation).
+
+    ``F <- (1 - alpha) * F0 + alpha * A F`` for ``iterations`` rounds, where ``F0`` is ``probs`` with
+    the rows of ``known`` nodes replaced by their one-hot labels (clamped again after every round),
+    as in personalised-PageRank propagation (APPNP, correct-and-smooth). Rows are renormalised to
+    sum to 1, so each row is a distribution over classes.
+
+    Parameters
+    ----------
+    probs
+        ``float[n, C]`` the model's class probabilities of every node.
+    adjacency
+        ``[n, n]`` normalised adjacency (:func:`normalized_adjacency`).
+    known
+        ``int64[m]`` nodes whose true label is given (the labelled-train split).
+    known_labels
+        ``int64[m]`` their labels.
+    alpha
+        Weight of the neighbours in ``[0, 1)``; 0 returns ``probs`` (with the known rows clamped).
+    iterations
+        Propagation rounds.
+    """
+    if not 0.0 <= float(alpha) < 1.0:
+        raise ConfigError(f"label propagation: alpha must be in [0, 1), got {alpha!r}")
+    if probs.ndim != 2 or adjacency.shape != (probs.shape[0], probs.shape[0]):
+        raise InvalidShapeError(
+            f"label propagation: probs {probs.shape} and adjacency {adjacency.shape} must be [n, C] and [n, n]"
+        )
+    known = np.asarray(known, dtype=np.int64)
+    f0 = np.asarray(probs, dtype=np.float32).copy()
+    f0[known] = 0.0
+    f0[known, np.asarray(known_labels, dtype=np.int64)] = 1.0
+    f = f0
+    for _ in range(int(iterations)):
+        f = (1.0 - alpha) * f0 + alpha * np.asarray(adjacency @ f, dtype=np.float32)
+        f[known] = f0[known]
+    total = f.sum(1, keepdims=True)
+    return np.where(total > 0, f / np.maximum(total, 1e-12), f0).astype(np.float32)
+
+
+def select_balanced_pseudo_labels(probs: np.ndarray, votes: np.ndarray, candidates: np.ndarray,
+                                  fraction: float, *, agreement: bool = True,
+                                  min_confidence: float = 0.0) -> PseudoLabels:
+    """Class-balanced pseudo labels: per class, the most confident candidates the model and the votes agree on.
+
+    Each class may take at most ``round(fraction * len(candidates) / n_classes)`` candidates, so a
+    class the model over-predicts cannot crowd out the others (FlexMatch / curriculum pseudo
+    labelling). A candidate qualifies when the vote's top class is also the model's top class (with
+    ``agreement``) and the vote's probability of it is at least ``min_confidence``; the label is the
+    vote's top class, its confidence the vote's probability, and candidates are ranked by it.
+
+    Parameters
+    ----------
+    probs
+        ``float[n_nodes, C]`` the model's class probabilities.
+    votes
+        ``float[n_nodes, C]`` the neighbour votes (:func:`propagate_labels`).
+    candidates
+        ``int64[m]`` nodes that may receive a label.
+    fraction
+        Share of the candidates that may be labelled, in ``[0, 1]``.
+    agreement
+        Require the model's and the vote's top classes to agree.
+    min_confidence
+        Least vote probability of a label.
+    """
+    if not 0.0 <= float(fraction) <= 1.0:
+        raise ConfigError(f"pseudo labels: fraction must be in [0, 1], got {fraction!r}")
+    if probs.ndim != 2 or votes.shape != probs.shape:
+        raise InvalidShapeError(f"pseudo labels: probs {probs.shape} and votes {votes.shape} must be equal [n, C] shapes")
+    candidates = np.asarray(candidates, dtype=np.int64)
+    if candidates.size and (candidates.min() < 0 or candidates.max() >= probs.shape[0]):
+        raise InvalidShapeError(f"pseudo labels: candidate ids must lie in [0, {probs.shape[0]})")
+    n_classes = probs.shape[1]
+    v = votes[candidates]
+    label = v.argmax(1) if len(candidates) else np.zeros(0, dtype=np.int64)
+    conf = v.max(1) if len(candidates) else np.zeros(0, dtype=np.float32)
+    ok = conf >= min_confidence
+    if agreement and len(candidates):
+        ok &= probs[candidates].argmax(1) == label
+    quota = round(float(fraction) * len(candidates) / n_classes)
+    chosen: list[np.ndarray] = []
+    for c in range(n_classes):
+        idx = np.flatnonzero(ok & (label == c))
+        chosen.append(idx[np.argsort(-conf[idx], kind="stable")[:quota]])
+    pick = np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
+    return PseudoLabels(
+        keys=candidates[pick],
+        labels=label[pick].astype(np.int64),
+        confidence=conf[pick].astype(np.float32),
+        n_candidates=len(candidates),
+    )

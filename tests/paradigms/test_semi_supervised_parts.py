@@ -10,9 +10,16 @@ import torch
 
 from paradigms.data.planetoid import find_data_dir, load_planetoid
 from paradigms.semi_supervised.core import NodeClassifierCore, SemiSupervisedConfig, expand_neighbour_rows
+from paradigms.semi_supervised.loops import PseudoLabelMaker
 from paradigms.semi_supervised.loss import graph_regularization, pseudo_label_loss
 from paradigms.semi_supervised.neighbours import build_neighbour_table
-from paradigms.semi_supervised.pseudo_labels import pseudo_label_quality, select_pseudo_labels
+from paradigms.semi_supervised.pseudo_labels import (
+    normalized_adjacency,
+    propagate_labels,
+    pseudo_label_quality,
+    select_balanced_pseudo_labels,
+    select_pseudo_labels,
+)
 from storage.errors import ConfigError, CorruptStoreError, InvalidShapeError, StoreNotFoundError
 
 
@@ -162,6 +169,66 @@ def test_select_pseudo_labels_and_quality() -> None:
         select_pseudo_labels(probs, np.array([7]), threshold=0.5)
 
 
+def test_normalized_adjacency_is_symmetric_and_counts_duplicate_edges_once() -> None:
+    # path 0-1-2, the edge 0-1 listed in both directions, a self loop on 2, node 3 isolated
+    a = normalized_adjacency(np.array([[0, 1, 1, 2], [1, 0, 2, 2]]), 4).toarray()
+    s2 = 1 / np.sqrt(2)
+    assert a == pytest.approx(np.array([[0, s2, 0, 0], [s2, 0, s2, 0], [0, s2, 0, 0], [0, 0, 0, 0]]))
+    with pytest.raises(InvalidShapeError, match=r"\[0, 4\)"):
+        normalized_adjacency(np.array([[0], [4]]), 4)
+    with pytest.raises(InvalidShapeError, match=r"\[2, m\]"):
+        normalized_adjacency(np.array([0, 1]), 4)
+
+
+def test_propagate_labels_spreads_known_labels_to_neighbours() -> None:
+    # edge 0-1, node 2 isolated; node 0's true label is 1 and is clamped
+    adj = normalized_adjacency(np.array([[0], [1]]), 3)
+    probs = np.array([[0.5, 0.5], [0.8, 0.2], [0.3, 0.7]], dtype=np.float32)
+    votes = propagate_labels(probs, adj, np.array([0]), np.array([1]), alpha=0.5, iterations=3)
+    # node 1: 0.5 * [0.8, 0.2] + 0.5 * [0, 1] = [0.4, 0.6]: its neighbour's label outvotes the model
+    assert votes == pytest.approx(np.array([[0.0, 1.0], [0.4, 0.6], [0.3, 0.7]]), abs=1e-6)
+    alone = propagate_labels(probs, adj, np.array([0]), np.array([1]), alpha=0.0)
+    assert alone == pytest.approx(np.array([[0.0, 1.0], [0.8, 0.2], [0.3, 0.7]]))
+    with pytest.raises(ConfigError, match=r"alpha must be in \[0, 1\), got 1\.0"):
+        propagate_labels(probs, adj, np.array([0]), np.array([1]), alpha=1.0)
+    with pytest.raises(InvalidShapeError, match=r"adjacency \(3, 3\)"):
+        propagate_labels(probs[:2], adj, np.array([0]), np.array([1]), alpha=0.5)
+
+
+def test_balanced_pseudo_labels_take_each_class_quota_where_model_and_votes_agree() -> None:
+    # candidates 0..7: votes for class 0 on 0-4, class 1 on 5-7; the model disagrees on node 1 and node 5
+    vote1 = np.array([0.1, 0.05, 0.2, 0.3, 0.4, 0.9, 0.8, 0.6], dtype=np.float32)
+    votes = np.stack([1 - vote1, vote1], axis=1)
+    model = votes.copy()
+    model[[1, 5]] = model[[1, 5]][:, ::-1]
+    chosen = select_balanced_pseudo_labels(model, votes, np.arange(8), fraction=0.5)
+    # quota 0.5 * 8 / 2 = 2 per class: class 0 -> nodes 0, 2 (node 1 is more confident but disputed),
+    # class 1 -> nodes 6, 7 (node 5 disputed)
+    assert chosen.keys.tolist() == [0, 2, 6, 7] and chosen.labels.tolist() == [0, 0, 1, 1]
+    assert chosen.confidence.tolist() == pytest.approx([0.9, 0.8, 0.8, 0.6])
+    assert chosen.n_candidates == 8
+    free = select_balanced_pseudo_labels(model, votes, np.arange(8), fraction=0.5, agreement=False)
+    assert free.keys.tolist() == [0, 1, 5, 6]
+    floor = select_balanced_pseudo_labels(model, votes, np.arange(8), fraction=1.0, min_confidence=0.75)
+    assert floor.keys.tolist() == [0, 2, 6]  # node 3 (0.7) falls below the floor
+    q = pseudo_label_quality(chosen, truth=np.array([0, 0, 1, 0, 0, 1, 1, 1]))
+    assert q == {"precision": 0.75, "coverage": 0.5, "count": 4.0}
+    assert len(select_balanced_pseudo_labels(model, votes, np.arange(8), fraction=0.0).keys) == 0
+    with pytest.raises(ConfigError, match="fraction must be in"):
+        select_balanced_pseudo_labels(model, votes, np.arange(8), fraction=1.5)
+    with pytest.raises(InvalidShapeError, match="votes"):
+        select_balanced_pseudo_labels(model, votes[:4], np.arange(8), fraction=0.5)
+
+
+def test_pseudo_label_share_waits_for_the_warm_up_then_ramps() -> None:
+    cfg = SemiSupervisedConfig(pseudo_labels=True, pseudo_selection="balanced", pseudo_fraction=0.4,
+                               pseudo_warmup=20, pseudo_ramp=40)
+    maker = PseudoLabelMaker(config=cfg)
+    assert [maker.fraction_at(s) for s in (0, 19, 20, 40, 60, 100)] == pytest.approx([0, 0, 0, 0.2, 0.4, 0.4])
+    cfg.pseudo_ramp = 0
+    assert [maker.fraction_at(s) for s in (19, 20)] == pytest.approx([0, 0.4])
+
+
 # -- core -------------------------------------------------------------------------------------------
 def test_config_rejects_bad_values() -> None:
     with pytest.raises(ConfigError, match="mode 'graph'"):
@@ -172,6 +239,14 @@ def test_config_rejects_bad_values() -> None:
         SemiSupervisedConfig(mode="in-graph", pseudo_labels=True)
     with pytest.raises(ConfigError, match=r"neighbour_temperature 0\.0, expected > 0"):
         SemiSupervisedConfig(neighbour_temperature=0.0)
+    with pytest.raises(ConfigError, match=r"pseudo_selection 'top', expected one of \('threshold', 'balanced'\)"):
+        SemiSupervisedConfig(pseudo_selection="top")
+    with pytest.raises(ConfigError, match=r"pseudo_fraction 1\.2"):
+        SemiSupervisedConfig(pseudo_fraction=1.2)
+    with pytest.raises(ConfigError, match=r"pseudo_alpha 1\.0"):
+        SemiSupervisedConfig(pseudo_alpha=1.0)
+    with pytest.raises(ConfigError, match=r"pseudo_warmup -1"):
+        SemiSupervisedConfig(pseudo_warmup=-1)
 
 
 def test_core_variants_train_and_bank_mode_uses_the_given_neighbours(cora) -> None:  # type: ignore[no-untyped-def]
@@ -220,3 +295,24 @@ def test_neighbour_temperature_sharpens_the_bank_targets(cora) -> None:  # type:
         terms[temp] = core.train_step(b, neighbour_logits=nb, neighbour_present=present)["graph"]
         assert terms[temp] == pytest.approx(float(expected), rel=1e-5)
     assert terms[0.5] != pytest.approx(terms[1.0], rel=1e-3)
+
+
+# -- in-process driver --------------------------------------------------------------------------------
+def test_inline_run_is_deterministic_and_labels_only_after_the_warm_up() -> None:
+    from paradigms.semi_supervised.inline import run_inline
+
+    torch.set_num_threads(1)
+    cfg = SemiSupervisedConfig(mode="bank", pseudo_labels=True, pseudo_selection="balanced", pseudo_fraction=0.2,
+                               pseudo_warmup=10, k=3, steps=20, hidden=(16,), unlabelled_batch=64, eval_every=5)
+    first = run_inline(cfg, data_dir=_data_dir(), publish_every=5)
+    again = run_inline(cfg, data_dir=_data_dir(), publish_every=5)
+    assert first["steps"] == 20 and first["bank_lookups"] == 20
+    assert first["test_acc"] == again["test_acc"] and first["makers"] == again["makers"]
+    pl = first["makers"]["pseudo-labeller"]
+    # the last round (model step 15) labels 0.2 of the 2568 unlabelled nodes at most: 73 per class
+    assert 0 < pl["pl_count"] <= 7 * 73 and pl["pl_coverage"] == pytest.approx(pl["pl_count"] / 2568)
+    assert 0.0 <= pl["pl_precision"] <= 1.0
+    assert first["makers"]["neighbour-maker"]["rows"] == 2708
+    cfg.pseudo_warmup = 100
+    late = run_inline(cfg, data_dir=_data_dir(), publish_every=5)
+    assert late["makers"]["pseudo-labeller"]["pl_count"] == 0.0
