@@ -146,3 +146,92 @@ def test_security_settings(tmp_path: pathlib.Path) -> None:
     assert got.require_encryption and got.tls_ca_file == str(pem["ca.pem"])
     assert got.tls_worker_cert == got.tls_scheduler_cert == got.tls_client_cert == str(pem["cert.pem"])
     assert got.get_connection_args("client")["ssl_context"] is not None  # the files load as a TLS context
+
+
+# -- listening interfaces --------------------------------------------------------------------------------
+def _listening(pids: list[int]) -> dict[int, str]:
+    """``{port: interface}`` of the TCP sockets the processes ``pids`` listen on."""
+    import psutil
+
+    out = {}
+    for pid in pids:
+        try:
+            conns = psutil.Process(pid).net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            continue
+        out.update({c.laddr.port: c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN})
+    return out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_cluster_scheduler_workers_and_dask_dashboard_listen_on_localhost() -> None:
+    import os
+
+    import psutil
+
+    with Workbench(progress=False, cluster_options={"n_workers": 1, "threads_per_worker": 1}) as wb:
+        me = psutil.Process(os.getpid())
+        ports = _listening([me.pid, *(p.pid for p in me.children(recursive=True))])
+        dashboard = int(wb.cluster.dashboard_link.split(":")[2].split("/")[0])
+        worker = int(next(iter(wb.client.scheduler_info(n_workers=-1)["workers"])).rsplit(":", 1)[1])
+        scheduler = int(wb.client.scheduler.address.rsplit(":", 1)[1])
+        assert {dashboard, worker, scheduler} <= set(ports)
+        assert {ports[p] for p in (dashboard, worker, scheduler)} == {"127.0.0.1"}
+
+
+def _serve_and_read_interface(tmp_path: pathlib.Path, *extra: str, env: dict[str, str] | None = None) -> str:
+    import os
+    import subprocess
+    import sys
+
+    port = _free_port()
+    cmd = [sys.executable, "-m", "carls_dask.cli", "dashboard", str(tmp_path / "run"), "--port", str(port), *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, **(env or {})})
+    try:
+        import psutil
+
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"the dashboard exited with {proc.returncode}"
+            tree = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
+            found = _listening(tree)
+            if port in found:
+                return found[port]
+            time.sleep(0.2)
+        raise AssertionError(f"the dashboard did not listen on port {port} within 90 s")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=20)
+
+
+def test_served_dashboard_binds_localhost_unless_told_otherwise(tmp_path: pathlib.Path) -> None:
+    from carls_dask.dashboard_cli import panel_command
+
+    cmd = panel_command(tmp_path)
+    assert cmd[cmd.index("--address") + 1] == "127.0.0.1"
+    assert f"localhost:{cmd[cmd.index('--port') + 1]}" in cmd  # websocket origins stay local too
+    assert _serve_and_read_interface(tmp_path) == "127.0.0.1"
+    # only an explicit option (or setting) binds elsewhere
+    wide = panel_command(tmp_path, address="0.0.0.0")
+    assert wide[wide.index("--address") + 1] == "0.0.0.0"
+    with dask.config.set({"carls.dashboard.address": "0.0.0.0"}):
+        cmd = panel_command(tmp_path)
+    assert cmd[cmd.index("--address") + 1] == "0.0.0.0"
+
+
+@pytest.mark.slow
+def test_served_dashboard_binds_all_interfaces_only_when_asked(tmp_path: pathlib.Path) -> None:
+    assert _serve_and_read_interface(tmp_path, "--address", "0.0.0.0") == "0.0.0.0"
+    assert _serve_and_read_interface(tmp_path, env={"DASK_CARLS__DASHBOARD__ADDRESS": "0.0.0.0"}) == "0.0.0.0"

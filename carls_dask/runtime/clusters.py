@@ -93,12 +93,16 @@ def start_local(**overrides: Any) -> Any:
     security = make_security(overrides.pop("security", None))
 
     n_workers = int(config.get("cluster.n-workers", overrides.pop("n_workers", None)))
+    host = config.get("cluster.host", overrides.pop("host", None))
+    dashboard = config.get("cluster.dashboard-address", overrides.pop("dashboard_address", None))
+    if isinstance(dashboard, str) and dashboard.startswith(":") and host:
+        dashboard = f"{host}{dashboard}"  # a bare port would bind every interface; keep it on the cluster's
     kwargs: dict[str, Any] = {
         "n_workers": n_workers,
         "threads_per_worker": int(config.get("cluster.threads-per-worker", overrides.pop("threads_per_worker", None))),
         "processes": True,
-        "host": config.get("cluster.host", overrides.pop("host", None)),
-        "dashboard_address": config.get("cluster.dashboard-address", overrides.pop("dashboard_address", None)),
+        "host": host,
+        "dashboard_address": dashboard,
     }
     if security is not None:
         kwargs["security"] = security
