@@ -31,7 +31,7 @@ from xarray.core import indexing
 
 from storage.deltalog import MAKERS_TABLE, DeltaRecord, replay
 from storage.errors import CorruptStoreError, StoreNotFoundError, UnknownTableError
-from storage.snapshots import list_snapshots, read_manifest, read_snapshot
+from storage.snapshots import _array, list_snapshots, read_manifest, read_snapshot
 
 __all__ = ["open_bank", "read_bank"]
 
@@ -339,10 +339,7 @@ def open_bank(path: str | os.PathLike[str], step: int | None = None, table: str 
             continue
         zs = []
         for g in groups:
-            node = g[f"{tname}/{name}"]
-            if not isinstance(node, zarr.Array):
-                raise CorruptStoreError(f"bank store {rootp}: {tname}/{name} is not an array")
-            zs.append(node)
+            zs.append(_array(g, f"{tname}/{name}"))  # numeric arrays with the writer's codecs only
         data[name] = indexing.LazilyIndexedArray(_ShardConcat(zs, f"bank store {rootp}, {tname}/{name}"))
     data["shard"] = np.concatenate(
         [np.full(info["tables"][tname]["rows"], int(s), dtype=np.int32) for s, info in man["shards"].items()]

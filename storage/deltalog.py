@@ -115,14 +115,38 @@ def _scan(path: pathlib.Path, *, read_arrays: bool) -> Iterator[tuple[int, dict[
             fh.readinto(payload)
             if zlib.crc32(payload, zlib.crc32(hbytes)) != crc:
                 return
-            header = json.loads(hbytes)
-            arrays: dict[str, np.ndarray] = {}
-            if read_arrays:
-                for name, dtype, shape, off, nbytes in header["arrays"]:
-                    arrays[name] = np.frombuffer(payload, dtype=np.dtype(dtype), count=int(np.prod(shape, dtype=np.int64)), offset=off).reshape(shape)
-                    assert arrays[name].nbytes == nbytes
+            header, arrays = _decode(path, pos, hbytes, payload, read_arrays)
             yield end, header, arrays
             pos = end
+
+
+def _decode(path: pathlib.Path, pos: int, hbytes: bytes, payload: bytearray,
+            read_arrays: bool) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Header and arrays of a frame whose CRC matched; numeric arrays only, never anything else.
+
+    A frame that passes its CRC but does not decode was not written by :meth:`DeltaLog.append`.
+    """
+    try:
+        header = json.loads(hbytes)
+        if not isinstance(header, dict):
+            raise TypeError(f"header is a JSON {type(header).__name__}")
+        int(header["seq"])
+        arrays: dict[str, np.ndarray] = {}
+        for name, dtype, shape, off, nbytes in header["arrays"]:
+            dt = np.dtype(str(dtype))
+            if dt.kind not in "biuf":
+                raise TypeError(f"array {name!r} has dtype {dt}")
+            count = int(np.prod([int(d) for d in shape], dtype=np.int64))
+            if count * dt.itemsize != nbytes or not 0 <= int(off) <= len(payload) - nbytes:
+                raise ValueError(f"array {name!r}: {count} x {dt} at byte {off} does not fit {nbytes} bytes "
+                                 f"of a {len(payload)}-byte payload")
+            if read_arrays:
+                a = np.frombuffer(payload, dtype=dt, count=count, offset=int(off))
+                arrays[str(name)] = a.reshape([int(d) for d in shape])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptStoreError(f"delta log {path}: the record at byte {pos} does not decode ({exc}); expected "
+                                "a JSON header and numeric arrays as DeltaLog.append writes them") from None
+    return header, arrays
 
 
 def _last_valid(path: pathlib.Path) -> tuple[int, int | None]:

@@ -149,6 +149,11 @@ def _load_root_manifest(root: pathlib.Path) -> dict[str, Any]:
     _check_format(man, f"bank store {root} ({MANIFEST})")
     if not isinstance(man.get("snapshots"), list):
         raise CorruptStoreError(f"bank store {root}: {MANIFEST} has no 'snapshots' list")
+    for e in man["snapshots"]:
+        if not isinstance(e, dict) or not _is_int(e.get("version")) or not isinstance(e.get("path"), str) \
+                or ".." in pathlib.PurePosixPath(e["path"]).parts:
+            raise CorruptStoreError(f"bank store {root}: {MANIFEST} lists {e!r}; expected entries with an int "
+                                    "'version' and a 'path' inside the store")
     return man
 
 
@@ -159,6 +164,63 @@ def _check_format(obj: Mapping[str, Any], what: str) -> None:
         raise IncompatibleStoreError(
             f"{what}: format version is {obj.get('format')!r}; this carls-dask reads format {FORMAT}"
         )
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_arrays(arrays: Any, where: str) -> None:
+    """Each array entry of a manifest: a numeric dtype string and a list of positive row dims."""
+    if not isinstance(arrays, dict):
+        raise CorruptStoreError(f"{where}: 'arrays' is a {type(arrays).__name__}; expected an object")
+    for name, desc in arrays.items():
+        dtype = desc.get("dtype") if isinstance(desc, dict) else None
+        try:
+            kind = np.dtype(dtype).kind if isinstance(dtype, str) else "?"
+        except TypeError:
+            kind = "?"
+        if kind not in "biuf":
+            raise CorruptStoreError(f"{where}, array {name!r}: dtype {dtype!r}; expected a numeric dtype "
+                                    "string such as '<f4' (object and string arrays are never read)")
+        shape = desc.get("shape")
+        if not isinstance(shape, list) or not all(_is_int(d) and d > 0 for d in shape):
+            raise CorruptStoreError(f"{where}, array {name!r}: shape {shape!r}; expected a list of positive ints")
+
+
+def _check_snapshot_manifest(man: dict[str, Any], what: str) -> None:
+    """Refuse a snapshot manifest whose fields have the wrong types before anything is read from it."""
+    for key in ("version", "buckets", "n_shards"):
+        if not _is_int(man.get(key)) or man[key] < 0:
+            raise CorruptStoreError(f"{what}: {key} is {man.get(key)!r}; expected a non-negative int")
+    if not isinstance(man.get("path"), str) or ".." in pathlib.PurePosixPath(man["path"]).parts:
+        raise CorruptStoreError(f"{what}: path is {man.get('path')!r}; expected a folder inside the store")
+    makers = man.get("makers")
+    if not isinstance(makers, list) or not all(isinstance(m, str) for m in makers):
+        raise CorruptStoreError(f"{what}: makers is {makers!r}; expected a list of names")
+    for field in ("tables", "shards", "meta"):
+        if not isinstance(man.get(field), dict):
+            raise CorruptStoreError(f"{what}: {field} is {type(man.get(field)).__name__}; expected an object")
+    for tname, tinfo in man["tables"].items():
+        if not isinstance(tinfo, dict):
+            raise CorruptStoreError(f"{what}: table {tname!r} is a {type(tinfo).__name__}; expected an object")
+        _check_arrays(tinfo.get("arrays"), f"{what}, table {tname!r}")
+    for s_key, info in man["shards"].items():
+        where = f"{what}, shard {s_key!r}"
+        if not s_key.isdigit() or not isinstance(info, dict):
+            raise CorruptStoreError(f"{where}: expected a shard number with an object of its tables")
+        if not _is_int(info.get("delta_seq")) or not isinstance(info.get("meta"), dict) \
+                or not isinstance(info.get("tables"), dict):
+            raise CorruptStoreError(f"{where}: delta_seq {info.get('delta_seq')!r}, meta and tables; expected "
+                                    "an int and two objects")
+        if not isinstance(info["meta"].get("makers", []), list) or not all(
+                m in makers for m in info["meta"].get("makers", [])):
+            raise CorruptStoreError(f"{where}: maker list {info['meta'].get('makers')!r}; expected names of {makers}")
+        for tname, tinfo in info["tables"].items():
+            if not isinstance(tinfo, dict) or not _is_int(tinfo.get("rows")) or tinfo["rows"] < 0:
+                raise CorruptStoreError(f"{where}, table {tname!r}: rows {tinfo.get('rows') if isinstance(tinfo, dict) else tinfo!r}; "
+                                        "expected a non-negative int")
+            _check_arrays(tinfo.get("arrays"), f"{where}, table {tname!r}")
 
 
 def list_snapshots(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -202,6 +264,7 @@ def read_manifest(root: str | os.PathLike[str], version: int | None = None) -> d
     entry = _entry(rootp, version)
     man = read_json(rootp / entry["path"] / "snapshot.json", f"snapshot v{entry['version']} of {rootp}")
     _check_format(man, f"snapshot v{entry['version']} of {rootp}")
+    _check_snapshot_manifest(man, f"snapshot v{entry['version']} of {rootp}")
     return man
 
 
@@ -319,6 +382,8 @@ def _bucket_order(bucket: np.ndarray, buckets: int) -> tuple[np.ndarray | None, 
     return order, offsets
 
 
+#: Codecs a snapshot array may name; an array with any other (e.g. a pickling codec) is refused unread.
+_READ_CODECS = frozenset({"bytes", "crc32c", "zstd"})
 #: Codec chain of uncompressed snapshot arrays, which :func:`_write_chunks` encodes itself.
 _PLAIN_CODECS = ([{"name": "bytes", "configuration": {"endian": "little"}}],
                  [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
@@ -728,9 +793,22 @@ def _read_rows(z: zarr.Array, folder: pathlib.Path, start: int, stop: int, dest:
 
 
 def _array(group: zarr.Group, name: str) -> zarr.Array:
-    node = group[name]
+    """Open one array of a shard store; refuse anything but numeric data under this writer's codecs."""
+    try:
+        node = group[name]
+    except Exception as exc:  # zarr raises assorted errors on damaged or foreign metadata
+        raise CorruptStoreError(f"{group.store}: {name} cannot be opened ({type(exc).__name__}: {exc}); "
+                                "expected an array written by write_shard") from exc
     if not isinstance(node, zarr.Array):
         raise CorruptStoreError(f"{group.store}: {name} is a group; expected an array")
+    meta = node.metadata.to_dict()
+    codecs = [c.get("name") if isinstance(c, dict) else getattr(c, "codec_name", c) for c in meta.get("codecs", [])]
+    if np.dtype(node.dtype).kind not in "biuf" or not set(codecs) <= _READ_CODECS:
+        raise CorruptStoreError(f"{group.store}: {name} is {node.dtype} with codecs {codecs}; expected a numeric "
+                                f"array with codecs from {sorted(_READ_CODECS)} (nothing else is decoded)")
+    if meta.get("attributes"):
+        raise CorruptStoreError(f"{group.store}: {name} carries attributes {sorted(meta['attributes'])}; expected "
+                                "none (write_shard writes none)")
     return node
 
 
