@@ -11,7 +11,6 @@ from __future__ import annotations
 import sys
 import threading
 
-import holoviews as hv
 import panel as pn
 
 from carls_dask import config
@@ -37,7 +36,6 @@ def _serve_stylesheets_locally() -> None:
 
 
 _serve_stylesheets_locally()
-hv.extension("bokeh", logo=False)
 
 if not pn.state.cache.get("carls-warm"):
     # Compile the projection's aggregation once per server process, off the event loop.
@@ -59,7 +57,8 @@ def build() -> pn.viewable.Viewable | pn.viewable.Viewer:
         period=config.get_seconds("dashboard.refresh"),
         plot_period=config.get_seconds("dashboard.plot-refresh"),
     )
-    # The page goes out at once; reading starts when the browser has loaded it, in worker threads.
+    # The page goes out at once with empty figures; reading starts when the browser has loaded it, in
+    # worker threads, and each refresh updates the figures in place.
 
     def start() -> None:
         dash.start()

@@ -11,10 +11,12 @@ from collections.abc import Callable
 
 import panel as pn
 import param
+from bokeh.document import Document
 from panel.io.state import set_curdoc
 
 from dashboards.runreader import RunReader
 from dashboards.views import CurriculumView, DriftView, HealthView, PseudoLabelView
+from dashboards.views.base import RunView
 
 __all__ = ["Dashboard", "run_path_from"]
 
@@ -38,7 +40,8 @@ class Dashboard(pn.viewable.Viewer):
     """Every view of one run, plus a status line; usable inline in a notebook or served by ``panel serve``.
 
     Call :meth:`refresh` to read what is new, or :meth:`start` to refresh periodically (in a served
-    app or a live notebook). A refresh that is still running when the next one is due is skipped.
+    app or a live notebook). Periodic refreshes read the run in worker threads and update the figures
+    in place (data patches, no new plots), so the server's event loop stays free.
     """
 
     reader = param.ClassSelector(class_=RunReader, doc="Reader of the run folder shown.")
@@ -48,6 +51,8 @@ class Dashboard(pn.viewable.Viewer):
     )
     last_refresh = param.Number(default=0.0, doc="Unix time the last refresh finished.", constant=False)
     refresh_seconds = param.Number(default=0.0, doc="How long the last refresh took, in seconds.")
+    ticks = param.Integer(default=0, doc="Refreshes of the headline figures so far.")
+    plot_refreshes = param.Integer(default=0, doc="Refreshes of the plots so far.")
 
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
@@ -57,14 +62,15 @@ class Dashboard(pn.viewable.Viewer):
         self.curriculum = CurriculumView(reader=self.reader)
         self.views = (self.health, self.drift, self.pseudo_labels, self.curriculum)
         self.status = pn.pane.Markdown("", sizing_mode="stretch_width")
-        self._fast_busy = False
-        self._slow_busy = False
+        for view in self.views:
+            view.eager = False  # read in the background by start(), never while the page is built
         self._slow_task: asyncio.Future[None] | None = None
+        self._fast_task: asyncio.Future[None] | None = None
         self._slow_started = -float("inf")
         self._callback: pn.io.PeriodicCallback | None = None
 
     def refresh(self) -> None:
-        """Read what is new in the run and update every view, one after the other."""
+        """Read what is new in the run and update every view in place, one after the other (here, at once)."""
         t0 = time.perf_counter()
         for view in self.views:
             view.refresh()
@@ -73,59 +79,76 @@ class Dashboard(pn.viewable.Viewer):
     def _done(self, seconds: float) -> None:
         self.refresh_seconds = seconds
         self.last_refresh = time.time()
+        self.ticks += 1
         path = self.reader.path if self.reader is not None else "(none)"
         self.status.object = (
             f"run `{path}` &nbsp; refreshed {time.strftime('%H:%M:%S', time.localtime(self.last_refresh))} "
             f"in {self.refresh_seconds * 1000:.0f} ms, every {self.period:g} s"
         )
 
-    async def _refresh_in_thread(self, jobs: tuple[Callable[[], None], ...], flag: str) -> None:
-        """Run refresh ``jobs`` in a worker thread (the server's event loop stays free); skip if still busy."""
-        if getattr(self, flag):
-            return
-        setattr(self, flag, True)
-        doc = pn.state.curdoc  # the thread must build models for this page (local resources, not the CDN)
+    @staticmethod
+    def _on_page(doc: Document | None, job: Callable[[], object]) -> None:
+        """Run ``job`` where ``doc`` may change: on its event loop with its lock held, or at once without a page."""
+        if doc is not None and doc.session_context is not None:
 
-        def in_doc(job: Callable[[], None]) -> None:
-            with set_curdoc(doc):
+            def run() -> None:
                 job()
 
-        try:
-            for job in jobs:
-                await asyncio.to_thread(in_doc, job)
-        finally:
-            setattr(self, flag, False)
+            doc.add_next_tick_callback(run)
+        else:
+            job()
 
-    async def _tick(self) -> None:
-        # The headline figures (bank size, newest write) must keep up even while plots are redrawn or
-        # a new snapshot's drift is computed, so they refresh on their own.
+    async def _refresh_plots(self, doc: Document | None) -> None:
+        """Read every view in a worker thread, then apply its queued figure updates on the page."""
+
+        def read(view: RunView) -> bool:
+            with set_curdoc(doc):
+                return view.read()
+
+        for view in self.views:
+            if await asyncio.to_thread(read, view):
+                self._on_page(doc, view.flush)
+        self.plot_refreshes += 1
+
+    async def _refresh_numbers(self, doc: Document | None) -> None:
+        """Read the headline figures in a worker thread and show them on the page."""
+        t0 = time.perf_counter()
+        figures = await asyncio.to_thread(self.health.read_numbers)
+
+        def show() -> None:
+            if figures is None:
+                self.health.refresh()
+            else:
+                self.health.show_numbers(figures)
+            self._done(time.perf_counter() - t0)
+
+        self._on_page(doc, show)
+
+    def _tick(self) -> None:
+        """The periodic callback: start the due refreshes as tasks and return at once.
+
+        The callback itself does no work and awaits nothing, so the page's document lock is free while
+        the run is read: the server goes on answering the browser, and updates land as small patches.
+        The headline figures refresh on every tick; the plots at most every :attr:`plot_period`. A
+        refresh still running when the next one is due is skipped.
+        """
+        doc = pn.state.curdoc
         now = time.monotonic()
         if (self._slow_task is None or self._slow_task.done()) and now - self._slow_started >= self.plot_period:
             self._slow_started = now
-            slow = tuple(view.refresh for view in self.views)
-            self._slow_task = asyncio.ensure_future(self._refresh_in_thread(slow, "_slow_busy"))
-        if self._fast_busy:
-            return
-        self._fast_busy = True
-        t0 = time.perf_counter()
-        try:
-            # Read in a worker thread, show on the event loop: the page gets the change at once.
-            figures = await asyncio.to_thread(self.health.read_numbers)
-        finally:
-            self._fast_busy = False
-        if figures is None:
-            self.health.refresh()
-        else:
-            self.health.show_numbers(figures)
-        self._done(time.perf_counter() - t0)
+            self._slow_task = asyncio.ensure_future(self._refresh_plots(doc))
+        if self._fast_task is None or self._fast_task.done():
+            self._fast_task = asyncio.ensure_future(self._refresh_numbers(doc))
 
     def start(self) -> pn.io.PeriodicCallback:
-        """Refresh every :attr:`period` seconds from the Panel event loop, reading in worker threads."""
+        """Refresh every :attr:`period` seconds from the Panel event loop, reading in worker threads.
+
+        The plots are read at once (the page shows empty figures until then), then at most every
+        :attr:`plot_period`.
+        """
         if self._callback is None:
-            # The page was just drawn from fresh reads: the first plot redraw is due a plot period later,
-            # not while the browser is still laying out the page it got.
-            self._slow_started = time.monotonic()
-            self._callback = pn.state.add_periodic_callback(self._tick, period=int(self.period * 1000))  # type: ignore[arg-type]
+            self._tick()
+            self._callback = pn.state.add_periodic_callback(self._tick, period=int(self.period * 1000))
         return self._callback
 
     def stop(self) -> None:

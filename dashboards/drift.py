@@ -170,8 +170,14 @@ def pca_2d(x: np.ndarray) -> np.ndarray:
     if x.ndim != 2 or x.shape[0] < 2:
         raise InvalidShapeError(f"pca_2d: expected at least two rows of vectors, got shape {x.shape}")
     xc = x - x.mean(axis=0)
-    _, _, vt = np.linalg.svd(xc, full_matrices=False)
-    comps = vt[:2]
+    if x.shape[1] <= x.shape[0]:
+        # Eigenvectors of the (d x d) scatter matrix: the same axes as an SVD of the rows, at a small
+        # fraction of its cost for tall tables (100k rows x 64 dims: milliseconds instead of seconds).
+        _, vecs = np.linalg.eigh(xc.T @ xc)
+        comps = vecs[:, ::-1][:, :2].T
+    else:
+        _, _, vt = np.linalg.svd(xc, full_matrices=False)
+        comps = vt[:2]
     if comps.shape[0] < 2:  # one-dimensional data: pad the second axis with zeros
         comps = np.vstack([comps, np.zeros_like(comps)])
     proj = xc @ comps.T

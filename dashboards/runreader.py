@@ -9,6 +9,7 @@ dashboard never slows the run it watches; it only re-reads what changed (a file-
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import pathlib
@@ -79,7 +80,9 @@ class RunReader:
         self._cache: OrderedDict[int, xr.Dataset] = OrderedDict()
         self._cache_size = cache_snapshots
         self._metrics: xr.Dataset | None = None
-        self._metrics_stamp: int = -1
+        self._metrics_series: dict[str, Any] | None = None
+        #: Metric rows read from the store so far (the cursor reads each committed row once).
+        self.metric_rows_read = 0
         self._latest: xr.Dataset | None = None
         self._latest_stamp: tuple[int, ...] = ()
         self._truth: xr.DataArray | None = None
@@ -123,23 +126,57 @@ class RunReader:
 
     # ------------------------------------------------------------------ metrics
 
-    def _metrics_stamp_now(self) -> int:
-        newest = _mtime_ns(self.metrics_path)
-        if self.metrics_path.is_dir():
-            for child in self.metrics_path.iterdir():
-                newest = max(newest, _mtime_ns(child))
-        return newest
+    def _metrics_index(self) -> dict[str, Any] | None:
+        """The metric store's commit record (``metrics.json``): rows committed and where each series lives."""
+        from storage.metrics import INDEX
+
+        try:
+            idx = json.loads((self.metrics_path / INDEX).read_text())
+        except (OSError, ValueError):
+            return None
+        return idx if isinstance(idx, dict) and "rows" in idx and "series" in idx else None
+
+    def _metrics_tail(self, old: xr.Dataset, idx: dict[str, Any]) -> xr.Dataset:
+        """``old`` plus the rows committed since it was read, reading only those rows from Zarr."""
+        import zarr
+
+        start, stop = old.sizes["step"], int(idx["rows"])
+        group = zarr.open_group(str(self.metrics_path), mode="r", zarr_format=3)
+        steps = np.asarray(group["step"][start:stop])  # type: ignore[index]
+        wall = np.asarray(group["wall_time"][start:stop])  # type: ignore[index]
+        if (steps < 0).any():
+            raise ValueError(f"{int((steps < 0).sum())} of the new rows {start}..{stop} are not on disk yet")
+        data = {
+            name: (("step", *e["dims"]), np.asarray(group[e["path"]][start:stop]))  # type: ignore[index]
+            for name, e in idx["series"].items()
+        }
+        tail = xr.Dataset(data, coords={"step": steps, "wall_time": ("step", wall)})
+        ds = xr.concat([old, tail], dim="step", data_vars="minimal", coords="minimal", join="outer")
+        ds.attrs.update(old.attrs, rows=stop)
+        self.metric_rows_read += stop - start
+        return ds
 
     def _metrics_read(self) -> xr.Dataset | None:
         """The metric series (dimension ``step``), loaded into memory; ``None`` when the run has none.
 
-        Re-reads only when the store changed since the last call.
+        Keeps a cursor: when the store only gained rows since the last call, only those rows are read
+        and appended; the whole store is read again only when a new series appeared. Returns the same
+        object as last time when nothing was committed since.
         """
         if not self.metrics_path.exists():
             return None
-        stamp = self._metrics_stamp_now()
-        if stamp == self._metrics_stamp and self._metrics is not None:
-            return self._metrics
+        idx = self._metrics_index()
+        old = self._metrics
+        if idx is not None and old is not None:
+            rows = int(idx["rows"])
+            if rows == old.sizes["step"] and idx["series"] == self._metrics_series:
+                return old
+            if rows > old.sizes["step"] and idx["series"] == self._metrics_series:
+                try:
+                    self._metrics = self._metrics_tail(old, idx)
+                    return self._metrics
+                except Exception as exc:  # a racing writer: read the whole store below
+                    logger.info("metric store %s: incremental read failed (%s); reading it whole", self.metrics_path, exc)
         try:
             mod = importlib.import_module("storage.metrics")
             ds = mod.open_metrics(self.metrics_path)
@@ -147,7 +184,9 @@ class RunReader:
         except (StoreError, OSError, ValueError, KeyError) as exc:
             logger.warning("metric store %s not readable yet: %s", self.metrics_path, exc)
             return self._metrics
-        self._metrics, self._metrics_stamp = ds, stamp
+        self._metrics = ds
+        self._metrics_series = idx["series"] if idx is not None and int(idx["rows"]) == ds.sizes["step"] else None
+        self.metric_rows_read += ds.sizes["step"]
         return ds
 
     # ------------------------------------------------------------------ bank

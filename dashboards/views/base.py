@@ -1,30 +1,74 @@
-"""The common shell of every view: a reader, a message line and a guarded refresh."""
+"""The common shell of every view: a reader, a message line, a guarded read and an in-place flush."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import traceback
+from collections.abc import Callable
 
+import numpy as np
 import panel as pn
 import param
+import xarray as xr
+from panel.io.state import set_curdoc
 
+from dashboards.figures import LiveFigure
 from dashboards.runreader import RunReader
 
-__all__ = ["RunView"]
+__all__ = ["RunView", "in_background", "series"]
 
 logger = logging.getLogger(__name__)
+
+
+def series(name: str, arr: xr.DataArray) -> tuple[str, np.ndarray, np.ndarray]:
+    """A named 1-D series as ``(name, x, y)`` for :meth:`~dashboards.figures.LiveCurves.set`."""
+    dim = arr.dims[0]
+    return name, np.asarray(arr[dim].values, dtype=np.float64), np.asarray(arr.values, dtype=np.float64)
+
+
+def in_background(work: Callable[[], object], then: Callable[[], object]) -> None:
+    """Run ``work`` off the event loop, then ``then`` where the page's document may change.
+
+    In a served page, ``work`` runs in a worker thread (building models for this page's document) and
+    ``then`` on the server's event loop with the document lock held; with no served page (a notebook
+    or a script) both run at once, in order.
+    """
+    doc = pn.state.curdoc
+    if doc is None or doc.session_context is None:
+        work()
+        then()
+        return
+
+    def finish() -> None:
+        then()
+
+    def run() -> None:
+        try:
+            with set_curdoc(doc):
+                work()
+        finally:
+            doc.add_next_tick_callback(finish)
+
+    threading.Thread(target=run, name="carls-dashboard-read", daemon=True).start()
 
 
 class RunView(pn.viewable.Viewer):
     """Base class of the views: holds the reader, shows a message when there is nothing to plot.
 
-    Subclasses implement :meth:`_update`, which reads through :attr:`reader` and sets their panes, and
-    :meth:`_layout`, which returns the view's Panel layout.
+    A refresh has two halves. :meth:`read` reads the run and computes what to draw; it touches no
+    Bokeh model, so it may run in a worker thread. :meth:`flush` moves what :meth:`read` queued into
+    the view's live figures (in place: data patches, never new figures); call it where the page's
+    document may change. :meth:`refresh` does both. Subclasses implement :meth:`_update`, which reads
+    through :attr:`reader` and queues figure updates, and :meth:`_layout`.
     """
 
     reader = param.ClassSelector(class_=RunReader, doc="Reader of the run folder this view shows.")
     message = param.String(default="", doc="Why (part of) the view is empty; shown above the plots.")
     title = param.String(default="", doc="Heading of the view.")
+    eager = param.Boolean(
+        default=True, doc="Read the run when first shown (a notebook); a Dashboard reads in the background instead."
+    )
 
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
@@ -33,22 +77,44 @@ class RunView(pn.viewable.Viewer):
         self._built = False
         self._showing_problem = False
         self._last_inputs: tuple[object, ...] | None = None
+        self._read_lock = threading.Lock()  # one read at a time (periodic refresh, widget changes)
+        self._panel: pn.viewable.Viewable | None = None
 
     def _set_message(self, text: str) -> None:
         self.message = text
         self._alert.object = text
         self._alert.visible = bool(text)
 
+    def figures(self) -> list[LiveFigure]:
+        """The live figures of this view."""
+        return [v for v in vars(self).values() if isinstance(v, LiveFigure)]
+
     def refresh(self) -> None:
-        """Read what is new in the run and update the plots; a failure shows on the view, not as a traceback."""
+        """Read what is new in the run and update the figures in place (here, at once)."""
+        self.read()
+        self.flush()
+
+    def read(self) -> bool:
+        """Read what is new and queue figure updates (safe in a worker thread); a failure shows on the view.
+
+        Returns whether the view computed anything new.
+        """
+        with self._read_lock:
+            return self._read()
+
+    def flush(self) -> int:
+        """Apply the queued figure updates to the Bokeh models; returns how many figures changed."""
+        return sum(f.flush() for f in self.figures())
+
+    def _read(self) -> bool:
         if self.reader is None:
             self._set_message("No run selected.")
-            return
+            return False
         problem = self.reader.problem()
         if problem:
             self._set_message(problem)
             self._showing_problem = True
-            return
+            return False
         if self._showing_problem:
             self._set_message("")
             self._showing_problem = False
@@ -57,15 +123,16 @@ class RunView(pn.viewable.Viewer):
             if inputs is not None and self._last_inputs is not None and len(inputs) == len(self._last_inputs) and all(
                 a is b for a, b in zip(inputs, self._last_inputs, strict=True)
             ):
-                return  # nothing new to read: keep the plots as they are
+                return False  # nothing new to read: keep the plots as they are
             self._update()
             self._last_inputs = inputs
         except Exception as exc:  # the view must stay up: report and go on with the next refresh
             logger.warning("%s refresh failed: %s", type(self).__name__, "".join(traceback.format_exception(exc)))
             self._error.object = f"Could not update this view: {type(exc).__name__}: {exc}"
             self._error.visible = True
-        else:
-            self._error.visible = False
+            return False
+        self._error.visible = False
+        return True
 
     def _inputs(self) -> tuple[object, ...] | None:
         """The objects the view is drawn from; when all are the same objects as last time, no redraw.
@@ -82,7 +149,11 @@ class RunView(pn.viewable.Viewer):
         raise NotImplementedError
 
     def __panel__(self) -> pn.viewable.Viewable:
-        if not self._built:
+        if not self._built and self.eager:
             self.refresh()
-            self._built = True
-        return pn.Column(f"## {self.title}" if self.title else "", self._alert, self._error, self._layout(), sizing_mode="stretch_width")
+        self._built = True
+        if self._panel is None:  # one layout per view: its figures can be on one page only
+            self._panel = pn.Column(
+                f"## {self.title}" if self.title else "", self._alert, self._error, self._layout(), sizing_mode="stretch_width"
+            )
+        return self._panel

@@ -9,10 +9,10 @@ import param
 import xarray as xr
 
 from dashboards import metricnames as mn
-from dashboards import plots
 from dashboards.bankdata import has_column, keys_of, stable_sample
 from dashboards.curriculum import accuracy_by_difficulty, difficulty_histograms, pacing_vs_realised
-from dashboards.views.base import RunView
+from dashboards.figures import LiveBars, LiveCurves, LiveHeatmap
+from dashboards.views.base import RunView, series
 
 __all__ = ["CurriculumView"]
 
@@ -30,9 +30,15 @@ class CurriculumView(RunView):
         params.setdefault("title", "Curriculum progress")
         super().__init__(**params)
         self.summary = pn.pane.Markdown("", sizing_mode="stretch_width")
-        self._pacing = plots.pane(plots.empty("pacing vs realised", "not written by this run"))
-        self._difficulty = plots.pane(plots.empty("difficulty over time", "no difficulty column"))
-        self._accuracy = plots.pane(plots.empty("accuracy by difficulty", "needs difficulty, predictions and truth"))
+        self._pacing = LiveCurves(
+            "pacing function vs realised sampling", "not written by this run", ylabel="fraction of data", name="cur-pacing"
+        )
+        self._difficulty = LiveHeatmap(
+            "difficulty distribution over time", "no difficulty column", "step", "difficulty", name="cur-difficulty"
+        )
+        self._accuracy = LiveBars(
+            "accuracy by difficulty", "needs difficulty, predictions and truth", "difficulty", "accuracy", name="cur-accuracy"
+        )
         self.pacing: xr.Dataset | None = None
         self._samples: dict[int, tuple[int, xr.Dataset | None]] = {}
 
@@ -52,11 +58,9 @@ class CurriculumView(RunView):
         notes = []
         self.pacing = pacing_vs_realised(self.reader.metrics())
         if self.pacing is not None:
-            self._pacing.object = plots.curves(
-                [(name, self.pacing[var].dropna("step")) for name, var in
-                 (("pacing", "pacing"), ("admitted", "realised"), ("sampled", "sampled")) if var in self.pacing],
-                "pacing function vs realised sampling",
-                ylabel="fraction of data",
+            self._pacing.set(
+                [series(name, self.pacing[var].dropna("step")) for name, var in
+                 (("pacing", "pacing"), ("admitted", "realised"), ("sampled", "sampled")) if var in self.pacing]
             )
             last = self.pacing.isel(step=-1)
             realised = float(last["realised"])
@@ -77,18 +81,17 @@ class CurriculumView(RunView):
         pairs = [(step, ds) for v, (step, ds) in sorted(self._samples.items()) if ds is not None]
         hist = difficulty_histograms(pairs, bins=self.bins)
         if hist is not None:
-            self._difficulty.object = plots.heatmap(hist["density"], "difficulty distribution over time", "step", "difficulty")
+            dens = hist["density"]
+            xdim, ydim = dens.dims
+            self._difficulty.set(dens[xdim].values, dens[ydim].values, dens.values)
         latest = self.reader.latest()
         if latest is None or not has_column(latest, "difficulty"):
             notes.append("no difficulty column in the bank")
         else:
             acc = accuracy_by_difficulty(latest, self.reader.truth(), bins=self.accuracy_bins, prediction=self.prediction)
             if acc is not None:
-                self._accuracy.object = plots.bars(
-                    [f"{d:.3g}" for d in acc["difficulty"].values], acc["accuracy"].fillna(0).values,
-                    "accuracy by difficulty", "difficulty", "accuracy",
-                )
+                self._accuracy.set([f"{d:.3g}" for d in acc["difficulty"].values], acc["accuracy"].fillna(0).values)
         self._set_message(("This run has " + "; ".join(notes) + ".") if notes else "")
 
     def _layout(self) -> pn.viewable.Viewable:
-        return pn.Column(self.summary, pn.Row(self._pacing, self._difficulty), self._accuracy)
+        return pn.Column(self.summary, pn.Row(self._pacing.pane, self._difficulty.pane), self._accuracy.pane)

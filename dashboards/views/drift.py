@@ -10,7 +10,8 @@ import xarray as xr
 from dashboards import plots
 from dashboards.bankdata import has_column
 from dashboards.drift import aligned_projection, drift_stats, neighbour_churn
-from dashboards.views.base import RunView
+from dashboards.figures import LiveCurves, LiveImage
+from dashboards.views.base import RunView, in_background, series
 
 __all__ = ["DriftView"]
 
@@ -43,11 +44,12 @@ class DriftView(RunView):
         self._quiet = False
         self.slider = pn.widgets.DiscreteSlider(label="snapshot step", options=[0], value=0, width=400, disabled=True)
         self.slider.param.watch(self._on_slider, "value")
-        self._l2 = plots.pane(plots.empty("L2 change", "waiting for two snapshots"))
-        self._cos = plots.pane(plots.empty("cosine change", "waiting for two snapshots"))
-        self._shards = plots.pane(plots.empty("mean L2 change per shard", "waiting for two snapshots"))
-        self._churn_plot = plots.pane(plots.empty("neighbour churn", "waiting for two snapshots"))
-        self._map = plots.pane(plots.empty("projection", "waiting for a snapshot"))
+        wait = "waiting for two snapshots"
+        self._l2 = LiveCurves("L2 change between snapshots", wait, ylabel="L2", name="drift-l2")
+        self._cos = LiveCurves("cosine distance between snapshots", wait, ylabel="1 - cos", name="drift-cos")
+        self._shards = LiveCurves("mean L2 change per shard", wait, ylabel="L2", name="drift-shards")
+        self._churn_plot = LiveCurves("neighbour churn", wait, ylabel="fraction changed", name="drift-churn")
+        self._map = LiveImage("projection", "waiting for a snapshot", name="drift-map")
 
     # ------------------------------------------------------------------ data
 
@@ -126,23 +128,14 @@ class DriftView(RunView):
         d = self.drift()
         if d is not None:
             overall = d.sel(shard=-1)
-            self._l2.object = plots.curves(
-                [("mean", overall["l2_mean"]), ("p50", overall["l2_p50"]), ("p90", overall["l2_p90"]), ("p99", overall["l2_p99"])],
-                "L2 change between snapshots",
-                ylabel="L2",
-            )
-            self._cos.object = plots.curves(
-                [("mean", overall["cos_mean"]), ("p50", overall["cos_p50"]), ("p90", overall["cos_p90"]), ("p99", overall["cos_p99"])],
-                "cosine distance between snapshots",
-                ylabel="1 - cos",
-            )
+            stats = ("mean", "p50", "p90", "p99")
+            self._l2.set([series(q, overall[f"l2_{q}"]) for q in stats])
+            self._cos.set([series(q, overall[f"cos_{q}"]) for q in stats])
             shards = [int(s) for s in d["shard"].values if s >= 0]
-            self._shards.object = plots.curves(
-                [(f"shard {s}", d["l2_mean"].sel(shard=s)) for s in shards], "mean L2 change per shard", ylabel="L2"
-            )
+            self._shards.set([series(f"shard {s}", d["l2_mean"].sel(shard=s)) for s in shards])
         c = self.churn()
         if c is not None:
-            self._churn_plot.object = plots.curves([(f"top-{self.k}", c)], "neighbour churn", ylabel="fraction changed")
+            self._churn_plot.set([series(f"top-{self.k}", c)])
 
     def _set_slider(self) -> None:
         steps = [self._steps[v] for v in self._versions if v in self._proj]
@@ -161,18 +154,23 @@ class DriftView(RunView):
 
     def _on_slider(self, event: param.parameterized.Event) -> None:
         if not self._quiet:
-            self._draw_map(int(event.new))
+            # Rasterise in a worker thread; the new image replaces the old one on the event loop.
+            in_background(lambda: self._draw_map(int(event.new)), self._map.flush)
 
     def _draw_map(self, step: int) -> None:
         proj = self.projection(step)
         if proj is not None:
             n_labels = int(np.unique(proj["label"].values).size)
-            self._map.object = plots.render_projection(proj, f"step {step}: {n_labels} label(s)")
+            raster = plots.render_projection(proj, f"step {step}: {n_labels} label(s)")
+            if raster is None:
+                self._map.set_note("no rows to project", title=f"step {step}")
+            else:
+                self._map.set(*raster)
 
     def _layout(self) -> pn.viewable.Viewable:
         return pn.Column(
-            pn.Row(self._l2, self._cos),
-            pn.Row(self._shards, self._churn_plot),
+            pn.Row(self._l2.pane, self._cos.pane),
+            pn.Row(self._shards.pane, self._churn_plot.pane),
             self.slider,
-            self._map,
+            self._map.pane,
         )

@@ -9,7 +9,7 @@ import param
 import xarray as xr
 
 from dashboards import metricnames as mn
-from dashboards import plots
+from dashboards.figures import LiveBars, LiveCurves
 from dashboards.health import (
     bank_summary,
     counter_rate,
@@ -35,11 +35,11 @@ class HealthView(RunView):
         self.version = pn.indicators.Number(label="newest row version", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
         self.model_step = pn.indicators.Number(label="newest model step", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
         self.snapshots = pn.indicators.Number(label="snapshots", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
-        self._shards = plots.pane(plots.empty("rows per shard", "no bank yet"))
-        self._rates = plots.pane(plots.empty("lookup / update rate", "not written by this run"))
-        self._stale = plots.pane(plots.empty("staleness", "no bank yet"))
-        self._makers = plots.pane(plots.empty("rows by maker version", "no bank yet"))
-        self._speed = plots.pane(plots.empty("trainer steps/s", "not written by this run"))
+        self._shards = LiveBars("rows per shard", "no bank yet", "shard", "rows", name="health-shards")
+        self._rates = LiveCurves("bank rows per second", "not written by this run", ylabel="rows/s", name="health-rates")
+        self._stale = LiveBars("staleness", "no bank yet", "age (s)", "rows", name="health-staleness")
+        self._makers = LiveBars("rows by maker @ model step", "no bank yet", "maker@step", "rows", name="health-makers")
+        self._speed = LiveCurves("trainer steps per second", "not written by this run", ylabel="steps/s", name="health-speed")
         self.summary: dict[str, float] = {}
 
     def refresh_numbers(self) -> None:
@@ -89,33 +89,33 @@ class HealthView(RunView):
             notes.append("no bank snapshot yet")
         else:
             sizes = shard_sizes(ds)
-            self._shards.object = plots.bars(sizes["shard"].values, sizes["rows"].values, "rows per shard", "shard", "rows")
+            self._shards.set(sizes["shard"].values, sizes["rows"].values)
             st = staleness(ds, self.reader.now(), self.bins)
             if st is not None:
-                self._stale.object = plots.bars(
+                self._stale.set(
                     [f"{a:.3g}" for a in st["age"].values], st["count"].values,
-                    f"staleness (median {st.attrs['median']:.1f} s, p90 {st.attrs['p90']:.1f} s)", "age (s)", "rows",
+                    title=f"staleness (median {st.attrs['median']:.1f} s, p90 {st.attrs['p90']:.1f} s)",
                 )
             mv = maker_versions(ds)
             if mv is not None:
                 labels = [f"{m or '-'}@{s}" for m, s in zip(mv["maker"].values, mv["model_step"].values, strict=True)]
-                self._makers.object = plots.bars(labels[-30:], mv["rows"].values[-30:], "rows by maker @ model step", "maker@step", "rows")
+                self._makers.set(labels[-30:], mv["rows"].values[-30:])
         m = self.reader.metrics()
         if m is None:
             notes.append("no metric store yet")
         else:
             rates = [(n, r) for n in (mn.BANK_LOOKUPS, mn.BANK_UPDATES) if (r := counter_rate(m, n)) is not None]
             if rates:
-                self._rates.object = plots.curves(rates, "bank rows per second", ylabel="rows/s")
+                self._rates.set([(n, r["step"].values, r.values) for n, r in rates])
             sps = steps_per_second(m)
             if sps is not None:
-                self._speed.object = plots.curves([("steps/s", sps)], "trainer steps per second", ylabel="steps/s")
+                self._speed.set([("steps/s", sps["step"].values, sps.values)])
         self._set_message(("This run has " + "; ".join(notes) + ".") if notes else "")
 
     def _layout(self) -> pn.viewable.Viewable:
         return pn.Column(
             pn.Row(self.rows, self.version, self.model_step, self.snapshots),
-            pn.Row(self._shards, self._stale),
-            pn.Row(self._rates, self._speed),
-            self._makers,
+            pn.Row(self._shards.pane, self._stale.pane),
+            pn.Row(self._rates.pane, self._speed.pane),
+            self._makers.pane,
         )

@@ -11,8 +11,8 @@ import param
 import xarray as xr
 
 from dashboards import metricnames as mn
-from dashboards import plots
 from dashboards.bankdata import has_column
+from dashboards.figures import LiveBars, LiveCurves, LiveStackedBars
 from dashboards.pseudolabels import (
     confidence_histogram,
     flip_rate,
@@ -22,7 +22,7 @@ from dashboards.pseudolabels import (
     threshold_curve,
     truth_for,
 )
-from dashboards.views.base import RunView
+from dashboards.views.base import RunView, in_background, series
 
 __all__ = ["PseudoLabelView"]
 
@@ -45,12 +45,15 @@ class PseudoLabelView(RunView):
         self._steps: dict[int, int] = {}
         self.summary = pn.pane.Markdown("", sizing_mode="stretch_width")
         self.threshold_slider = pn.widgets.FloatSlider.from_param(self.param.threshold, step=0.05, width=300)
-        self.param.watch(lambda _e: self.refresh(), "threshold")
-        self._hist = plots.pane(plots.empty("confidence", "no pseudo labels yet"))
-        self._classes = plots.pane(plots.empty("per-class accuracy", "no held-out truth"))
-        self._curve = plots.pane(plots.empty("threshold curve", "no held-out truth"))
-        self._flip_plot = plots.pane(plots.empty("flip rate", "needs two snapshots with pseudo labels"))
-        self._series = plots.pane(plots.empty("precision / coverage over steps", "not written by this run"))
+        # A new threshold re-reads in a worker thread (in a served page) and updates the figures in place.
+        self.param.watch(lambda _e: in_background(self.read, self.flush), ["threshold", "bins"])
+        self._hist = LiveStackedBars("confidence histogram", "no pseudo labels yet", "confidence", name="pl-confidence")
+        self._classes = LiveBars("per-class accuracy", "no held-out truth", "class", "accuracy", name="pl-classes")
+        self._curve = LiveCurves("threshold curve", "no held-out truth", xlabel="threshold", name="pl-threshold")
+        self._flip_plot = LiveCurves(
+            "flip rate between maker versions", "needs two snapshots with pseudo labels", ylabel="fraction flipped", name="pl-flips"
+        )
+        self._series = LiveCurves("precision / coverage reported by the run", "not written by this run", name="pl-series")
         self.quality: dict[str, float] = {}
 
     def _inputs(self) -> tuple[object, ...]:
@@ -79,15 +82,14 @@ class PseudoLabelView(RunView):
             f"at confidence >= {self.threshold:.2f}"
         )
         parts = ["right", "wrong", "unjudged"] if has_truth else ["unjudged"]
-        self._hist.object = plots.stacked_bars(confidence_histogram(ds, truth, self.bins), "bin", parts, "confidence histogram", "confidence")
+        hist = confidence_histogram(ds, truth, self.bins)
+        self._hist.set(hist["bin"].values, {p: hist[p].values for p in parts})
         if has_truth:
             acc = per_class_accuracy(ds, truth)
             if acc is not None and acc.sizes.get("class", 0):
-                self._classes.object = plots.bars(acc["class"].values, np.nan_to_num(acc["accuracy"].values), "per-class accuracy", "class", "accuracy")
+                self._classes.set(acc["class"].values, np.nan_to_num(acc["accuracy"].values))
             curve = threshold_curve(ds, truth)
-            self._curve.object = plots.curves(
-                [("precision", curve["precision"]), ("coverage", curve["coverage"])], "threshold curve", xlabel="threshold"
-            )
+            self._curve.set([series("precision", curve["precision"]), series("coverage", curve["coverage"])])
         self._update_flips()
         self._update_series()
 
@@ -107,7 +109,7 @@ class PseudoLabelView(RunView):
         vs = [v for v in versions if v in self._flips and not math.isnan(self._flips[v]["flip_rate"])]
         if vs:
             arr = xr.DataArray([self._flips[v]["flip_rate"] for v in vs], dims="step", coords={"step": [self._steps[v] for v in vs]})
-            self._flip_plot.object = plots.curves([("flip rate", arr)], "flip rate between maker versions", ylabel="fraction flipped")
+            self._flip_plot.set([series("flip rate", arr)])
 
     def flips(self) -> dict[int, dict[str, float]]:
         """Flip statistics by the later snapshot's step."""
@@ -118,14 +120,14 @@ class PseudoLabelView(RunView):
         m = self.reader.metrics()
         if m is None:
             return
-        series = [(n, m[n].dropna("step")) for n in (mn.PL_PRECISION, mn.PL_COVERAGE) if n in m.data_vars]
-        if series:
-            self._series.object = plots.curves(series, "precision / coverage reported by the run")
+        lines = [series(n, m[n].dropna("step")) for n in (mn.PL_PRECISION, mn.PL_COVERAGE) if n in m.data_vars]
+        if lines:
+            self._series.set(lines)
 
     def _layout(self) -> pn.viewable.Viewable:
         return pn.Column(
             pn.Row(self.threshold_slider, self.summary),
-            pn.Row(self._hist, self._classes),
-            pn.Row(self._curve, self._flip_plot),
-            self._series,
+            pn.Row(self._hist.pane, self._classes.pane),
+            pn.Row(self._curve.pane, self._flip_plot.pane),
+            self._series.pane,
         )

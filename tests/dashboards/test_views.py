@@ -13,8 +13,9 @@ from carls_dask.cli import main
 from carls_dask.dashboard_cli import panel_command
 from dashboards.dashboard import Dashboard, run_path_from
 from dashboards.runreader import RunReader
+from dashboards.views import DriftView
 from storage.errors import ConfigError
-from storage.metrics import MetricWriter
+from storage.metrics import MetricWriter, open_metrics
 from tests.dashboards.runfolder import nodes, write_snapshot, write_truth
 
 
@@ -144,16 +145,70 @@ def test_ticks_refresh_figures_each_time_and_plots_at_most_once_per_plot_period(
     d = Dashboard(reader=RunReader(run), plot_period=3600)
 
     async def two_ticks() -> bool:
-        await d._tick()
-        first = d._slow_task
-        assert first is not None
+        d._tick()  # starts the refreshes as tasks and returns at once
+        first, fast = d._slow_task, d._fast_task
+        assert first is not None and fast is not None
         await first
-        await d._tick()
+        await fast
+        d._tick()
+        assert d._fast_task is not None and d._fast_task is not fast  # the figures refresh on every tick
+        await d._fast_task
         return d._slow_task is first
 
     assert asyncio.run(two_ticks())  # the second tick did not start another plot refresh
     assert d.health.rows.value == 600 and d.drift.drift() is not None
+    assert d.ticks == 2 and d.plot_refreshes == 1
     assert "refreshed" in d.status.object
+
+
+def test_refreshes_update_the_same_figures_and_stream_only_new_metric_rows(tmp_path: pathlib.Path) -> None:
+    keys, cols = nodes(300, 10)
+    write_snapshot(tmp_path / "bank", 10, keys, cols)
+    with MetricWriter(tmp_path / "metrics.zarr", run="live", flush_rows=1) as w:
+        for step in range(1, 41):
+            w.append(step, bank_lookups=step * 10.0, bank_updates=step * 4.0, pacing=step / 100)
+        d = Dashboard(reader=RunReader(tmp_path))
+        d.refresh()
+        rates, pacing = d.health._rates, d.curriculum._pacing
+        figures = [f.figure for v in d.views for f in v.figures()]
+        sources = dict(rates.sources)
+        assert rates.points() == {"bank_lookups": 39, "bank_updates": 39}  # a rate needs two rows
+        assert d.reader.metric_rows_read == 40
+        assert rates.streamed_points == 0
+
+        for step in range(41, 46):
+            w.append(step, bank_lookups=step * 10.0, bank_updates=step * 4.0, pacing=step / 100)
+        w.flush()
+        d.refresh()
+
+    # Same Bokeh figures and sources, updated in place; only the five new rows were read and sent.
+    assert [f.figure for v in d.views for f in v.figures()] == figures
+    assert rates.sources == sources
+    assert d.reader.metric_rows_read == 45
+    assert rates.points() == {"bank_lookups": 44, "bank_updates": 44}
+    assert rates.streamed_points == 2 * 5 and pacing.streamed_points == 5
+    full = open_metrics(tmp_path / "metrics.zarr")
+    cached = d.reader.metrics()
+    assert cached is not None
+    np.testing.assert_array_equal(cached["step"].values, full["step"].values)
+    np.testing.assert_array_equal(cached["pacing"].values, full["pacing"].values)
+    np.testing.assert_array_equal(cached["wall_time"].values, full["wall_time"].values)
+    # Nothing new: the reader hands out the same object and the figures get no update.
+    updates = sum(f.updates for v in d.views for f in v.figures())
+    assert d.reader.metrics() is cached
+    d.refresh()
+    assert sum(f.updates for v in d.views for f in v.figures()) == updates
+
+
+def test_reads_happen_off_the_page_and_updates_are_queued_until_flushed(run: pathlib.Path) -> None:
+    view = DriftView(reader=RunReader(run))
+    assert view.read()  # computes and queues: no Bokeh model changed yet
+    assert view._l2.pending and len(view._l2.sources) == 0 and view._l2.note.visible
+    assert view.flush() >= 4
+    assert not view._l2.pending and not view._l2.note.visible
+    assert view._l2.points() == {"mean": 2, "p50": 2, "p90": 2, "p99": 2}
+    image = view._map.source.data["image"][0]
+    assert image.dtype == np.uint32 and image.shape == (420, 420) and (image != 0).any()
 
 
 def test_headline_counts_delta_rows_like_the_full_read(tmp_path: pathlib.Path) -> None:
