@@ -302,7 +302,9 @@ class ShardCore:
             self._maker_codes[maker] = code
         return code
 
-    def _allocate(self, t: TableState, keys: np.ndarray, buckets: np.ndarray, now: float) -> np.ndarray:
+    def _allocate(
+        self, t: TableState, keys: np.ndarray, buckets: np.ndarray, now: float, hashes: np.ndarray | None = None
+    ) -> np.ndarray:
         """Append rows for new unique keys, with initial values; returns their rows."""
         m = keys.shape[0]
         t.reserve(t.n + m)
@@ -319,7 +321,7 @@ class ShardCore:
             for sname, arr in initial_slots(t.spec.optimizer, (m, *col.shape), t.spec.adagrad_initial_accumulator).items():
                 slots[sname][rows] = arr
         t.n += m
-        t.index.insert(keys, rows, t.keys)
+        t.index.insert(keys, rows, t.keys, hashes)
         return rows
 
     # -- reads ------------------------------------------------------------------------------------------
@@ -358,7 +360,7 @@ class ShardCore:
             urows = t.index.find(uniq, t.keys, h[first])
             missing = urows < 0
             if missing.any():
-                urows[missing] = self._allocate(t, uniq[missing], b[first[missing]], now)
+                urows[missing] = self._allocate(t, uniq[missing], b[first[missing]], now, h[first[missing]])
                 t.prov["version"][urows[missing]] = 1
             t.frequency[urows] += counts
             self.version += 1
@@ -448,7 +450,7 @@ class ShardCore:
             raise InvalidBatchError(
                 f"table {table!r}: values must be a non-empty dict of column -> array, got {type(values).__name__}"
             )
-        k, b, _ = self._keys(t, keys)
+        k, b, h = self._keys(t, keys)
         n = k.shape[0]
         checked = {name: coerce_column_values(table, t.spec.column(name), v, n) for name, v in values.items()}
         if isinstance(model_step, bool) or not isinstance(model_step, int | np.integer):
@@ -458,10 +460,10 @@ class ShardCore:
         rev_uniq, rev_first = np.unique(k[::-1], return_index=True)
         last = n - 1 - rev_first
         uniq = k[last]
-        urows = t.index.find(uniq, t.keys)
+        urows = t.index.find(uniq, t.keys, h[last])
         missing = urows < 0
         if missing.any():
-            urows[missing] = self._allocate(t, uniq[missing], b[last[missing]], now)
+            urows[missing] = self._allocate(t, uniq[missing], b[last[missing]], now, h[last[missing]])
         for name, v in checked.items():
             t.cols[name][urows] = v[last]
         self._touch(t, urows, now, int(model_step), code)

@@ -28,18 +28,25 @@ __all__ = [
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """The splitmix64 finalizer applied elementwise (input viewed as uint64, output uint64)."""
-    z = np.asarray(x).astype(np.uint64, copy=True) if np.asarray(x).dtype != np.uint64 else np.array(x, copy=True)
+    x = np.asarray(x)
+    if x.dtype != np.uint64:
+        x = x.astype(np.uint64)
     with np.errstate(over="ignore"):
-        z += _GOLDEN
-        z ^= z >> np.uint64(30)
+        z = np.add(x, _GOLDEN)  # the one output array; every later step works in place
+        t = np.empty_like(z)
+        np.right_shift(z, _S30, out=t)
+        z ^= t
         z *= _M1
-        z ^= z >> np.uint64(27)
+        np.right_shift(z, _S27, out=t)
+        z ^= t
         z *= _M2
-        z ^= z >> np.uint64(31)
+        np.right_shift(z, _S31, out=t)
+        z ^= t
     return z
 
 
