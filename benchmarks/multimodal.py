@@ -1,18 +1,28 @@
 """Multimodal benchmark: in-batch negatives vs bank negatives (uniform, hard), side by side.
 
 Every variant trains the same dual encoder (same batch size, steps, seeds) on the OpenMoji
-image-text pairs, with a corpus maker refreshing the bank's embeddings while it trains. It prints
-image->text and text->image recall@1/@5 on the held-out concepts' pairs (mean and standard
-deviation over the seeds, every seed's figure too), trainer steps/s, maker rounds and staleness,
-and each bank variant's recall as a ratio to the in-batch baseline.
+image-text pairs, with a corpus maker refreshing the bank's embeddings while it trains. Besides
+the 300 held-out test concepts, ``--n-val`` further concepts are held out of training as a
+validation split: settings are chosen on it (the variant with the best mean of the four
+validation recalls) and the test figures are read for the record. It prints image->text and
+text->image recall@1/@5 on both splits (mean and standard deviation over the seeds, every seed's
+figure too), trainer steps/s, maker rounds and staleness, each bank variant's mean recall as a
+ratio to the in-batch baseline, and a paired per-seed comparison (same seed: same initialisation,
+same batches) of each variant against in-batch.
 
-    python benchmarks/multimodal.py                       # 3 seeds x in_batch, uniform, hard
-    python benchmarks/multimodal.py --steps 600 --seeds 5 --variants in_batch hard log_uniform
+A variant is ``NEGATIVES[@N][+stale][+logq]``: ``in_batch``, ``uniform``, ``log_uniform`` or
+``hard``; ``@N`` sets the sampled (or, for ``hard``, top-k) negatives per step; ``+stale`` uses the
+bank's stored embeddings instead of encoding the drawn negatives with the current model;
+``+logq`` switches on the logQ correction of sampled negatives.
+
+    python benchmarks/multimodal.py                       # 3 seeds x the default variants, 800 steps
+    python benchmarks/multimodal.py --steps 400 --seeds 5 --variants in_batch uniform@1024 hard+stale
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import pathlib
@@ -20,20 +30,43 @@ import statistics
 import time
 
 METRICS = ("i2t_r@1", "i2t_r@5", "t2i_r@1", "t2i_r@5")
+NAMES = ("in_batch", "uniform", "log_uniform", "hard")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One benchmark variant, parsed from ``NEGATIVES[@N][+stale][+logq]``."""
+
+    label: str
+    negatives: str
+    count: int | None
+    reencode: bool
+    logq: bool
+
+
+def parse_variant(text: str) -> Variant:
+    """Parse a variant string; raises ``ValueError`` naming what was given and what is expected."""
+    head, *flags = text.split("+")
+    name, _, count = head.partition("@")
+    bad = [f for f in flags if f not in ("stale", "logq")]
+    if name not in NAMES or bad or (count and not count.isdigit()) or (name == "in_batch" and (count or flags)):
+        raise ValueError(f"variant {text!r}: expected NEGATIVES[@N][+stale][+logq] with NEGATIVES one of {NAMES} "
+                         "(in_batch takes no @N or flags)")
+    return Variant(text, name, int(count) if count else None, "stale" not in flags, "logq" in flags)
 
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--variants", nargs="+", default=["in_batch", "uniform", "hard"],
-                   help="negatives of each variant (in_batch, uniform, log_uniform, hard)")
+    p.add_argument("--variants", nargs="+", default=["in_batch", "uniform", "hard", "uniform+stale", "hard+stale"],
+                   help="variants NEGATIVES[@N][+stale][+logq] (see the module docstring)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per variant (>= 3 for the report)")
-    p.add_argument("--steps", type=int, default=300, help="trainer steps per run")
+    p.add_argument("--steps", type=int, default=800, help="trainer steps per run")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--n-negatives", type=int, default=256, help="sampled bank negatives per step")
-    p.add_argument("--n-hard", type=int, default=8, help="hard (top-k) bank negatives per query")
-    p.add_argument("--no-logq", action="store_true", help="no logQ correction of sampled bank negatives")
+    p.add_argument("--n-negatives", type=int, default=256, help="sampled bank negatives per step (unless @N)")
+    p.add_argument("--n-hard", type=int, default=8, help="hard (top-k) bank negatives per query (unless @N)")
     p.add_argument("--limit", type=int, default=None, help="concepts to keep (default: all)")
-    p.add_argument("--n-test", type=int, default=300, help="held-out concepts")
+    p.add_argument("--n-test", type=int, default=300, help="held-out test concepts")
+    p.add_argument("--n-val", type=int, default=300, help="validation concepts held out of training")
     p.add_argument("--cache-dir", default=None, help="image and feature cache (default: carls.data.dir or ~/.cache)")
     p.add_argument("--json", type=pathlib.Path, default=None, help="also write every figure to this file")
     return p.parse_args()
@@ -44,7 +77,40 @@ def _fmt(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f}±{sd:.3f}"
 
 
+def _table(rows: list[dict[str, object]], variants: list[Variant], prefix: str, title: str) -> None:
+    print(f"\n{title}")
+    print(f"{'variant':<18}" + "".join(f"{m:>14}" for m in METRICS) + f"{'steps/s':>14}{'staleness s':>14}")
+    for v in variants:
+        mine = [r for r in rows if r["variant"] == v.label]
+        cells = "".join(f"{_fmt([float(r[prefix + m]) for r in mine]):>14}" for m in METRICS)  # type: ignore[arg-type]
+        cells += "".join(f"{_fmt([float(r[m]) for r in mine]):>14}" for m in ("steps_per_s", "staleness_s"))  # type: ignore[arg-type]
+        print(f"{v.label:<18}{cells}")
+
+
+def _paired(rows: list[dict[str, object]], variants: list[Variant], prefix: str, title: str) -> None:
+    """Per-seed differences against in-batch (same seed), their mean, and the seeds won."""
+    base = {r["seed"]: r for r in rows if r["variant"] == "in_batch"}
+    if not base:
+        return
+    print(f"\n{title}: mean of (variant - in_batch) over seeds [seeds where variant > in_batch]; ratio of means")
+    for v in variants:
+        if v.label == "in_batch":
+            continue
+        mine = [r for r in rows if r["variant"] == v.label and r["seed"] in base]
+        cells = ""
+        for m in METRICS:
+            d = [float(r[prefix + m]) - float(base[r["seed"]][prefix + m]) for r in mine]  # type: ignore[arg-type]
+            b = statistics.mean(float(base[r["seed"]][prefix + m]) for r in mine)  # type: ignore[arg-type]
+            a = statistics.mean(float(r[prefix + m]) for r in mine)  # type: ignore[arg-type]
+            cells += f"  {m} {statistics.mean(d):+.3f} [{sum(x > 0 for x in d)}/{len(d)}] {a / b if b else float('nan'):.2f}x"
+        sps = statistics.mean(float(r["steps_per_s"]) for r in mine)  # type: ignore[arg-type]
+        bsps = statistics.mean(float(base[r["seed"]]["steps_per_s"]) for r in mine)  # type: ignore[arg-type]
+        print(f"{v.label:<18}{cells}  steps/s {sps / bsps:.2f}x")
+
+
 def main() -> None:
+    import os
+
     from distributed import Client, LocalCluster
 
     from carls_dask.runtime.workbench import Workbench
@@ -52,48 +118,44 @@ def main() -> None:
     from paradigms.multimodal.run import run_contrastive
 
     args = _args()
+    variants = [parse_variant(v) for v in args.variants]
     logging.basicConfig(level=logging.WARNING)
-    corpus = CorpusSpec(limit=args.limit, n_test=args.n_test,
+    corpus = CorpusSpec(limit=args.limit, n_test=args.n_test, n_val=args.n_val,
                         cache_dir=str(args.cache_dir or default_cache_dir()))
     t0 = time.perf_counter()
     c = load_corpus(corpus)  # fills the caches once, before the workers read them
-    print(f"corpus: {len(c.train)} train pairs, {len(c.test)} held-out concepts (chance R@1 {1 / len(c.test):.4f}),"
-          f" prepared in {time.perf_counter() - t0:.1f}s")
+    print(f"corpus: {len(c.train)} train pairs, {len(c.val)} validation and {len(c.test)} test concepts "
+          f"(chance R@1 {1 / len(c.test):.4f}), prepared in {time.perf_counter() - t0:.1f}s; load {os.getloadavg()}")
     rows: list[dict[str, object]] = []
     with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=":0") as lc, \
             Client(lc) as client:
         for seed in range(args.seeds):
-            for variant in args.variants:
+            for v in variants:
                 t = time.perf_counter()
-                with Workbench(client, progress=False, name=f"mm-{variant}-{seed}") as wb:
-                    r = run_contrastive(wb, corpus, negatives=variant, seed=seed, steps=args.steps,
-                                        batch_size=args.batch_size, n_negatives=args.n_negatives,
-                                        n_hard=args.n_hard, logq_correction=not args.no_logq)
-                row = {"variant": variant, "seed": seed, "steps_per_s": r.steps_per_s, "maker_rounds": r.maker_rounds,
-                       "staleness_s": r.mean_staleness_s, "bank_age_s": r.metrics.get("mean_bank_age_s"),
-                       "wall_s": time.perf_counter() - t, **{m: r.metrics[m] for m in METRICS}}
+                n_neg = v.count if v.count and v.negatives != "hard" else args.n_negatives
+                n_hard = v.count if v.count and v.negatives == "hard" else args.n_hard
+                with Workbench(client, progress=False, name=f"mm-{v.negatives}-{seed}") as wb:
+                    r = run_contrastive(wb, corpus, negatives=v.negatives, seed=seed, steps=args.steps,
+                                        batch_size=args.batch_size, n_negatives=n_neg, n_hard=n_hard,
+                                        reencode=v.reencode, logq_correction=v.logq)
+                row = {"variant": v.label, "seed": seed, "steps_per_s": r.steps_per_s,
+                       "maker_rounds": r.maker_rounds, "staleness_s": r.mean_staleness_s,
+                       "wall_s": time.perf_counter() - t, "bank_steps": r.metrics.get("bank_steps"),
+                       **{p + m: r.metrics.get(p + m, float("nan")) for p in ("val_", "") for m in METRICS}}
                 rows.append(row)
                 print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                       flush=True)
-    print(f"\n{args.seeds} seeds, {args.steps} steps, batch {args.batch_size}, "
-          f"{args.n_negatives} sampled / {args.n_hard} hard bank negatives, logQ correction {not args.no_logq}")
-    header = f"{'variant':<12}" + "".join(f"{m:>14}" for m in METRICS) + f"{'steps/s':>14}{'staleness s':>14}"
-    print(header)
-    means: dict[str, dict[str, float]] = {}
-    for variant in args.variants:
-        mine = [r for r in rows if r["variant"] == variant]
-        means[variant] = {m: statistics.mean(float(r[m]) for r in mine) for m in (*METRICS, "steps_per_s")}  # type: ignore[arg-type]
-        cells = "".join(f"{_fmt([float(r[m]) for r in mine]):>14}" for m in (*METRICS, "steps_per_s", "staleness_s"))  # type: ignore[arg-type]
-        print(f"{variant:<12}{cells}")
-    if "in_batch" in means:
-        base = means["in_batch"]
-        print("\nratio to in_batch (mean over seeds)")
-        for variant in args.variants:
-            if variant == "in_batch":
-                continue
-            cells = "".join(f"{(means[variant][m] / base[m] if base[m] > 0 else float('nan')):>14.2f}"
-                            for m in (*METRICS, "steps_per_s"))
-            print(f"{variant:<12}{cells}")
+    print(f"\n{args.seeds} seeds, {args.steps} steps, batch {args.batch_size}, {args.n_negatives} sampled / "
+          f"{args.n_hard} hard bank negatives unless @N; load {os.getloadavg()}")
+    if args.n_val:
+        _table(rows, variants, "val_", f"validation ({len(c.val)} concepts), mean±std over seeds")
+        score = {v.label: statistics.mean(float(r["val_" + m]) for r in rows if r["variant"] == v.label  # type: ignore[arg-type]
+                                          for m in METRICS) for v in variants}
+        print(f"chosen on validation (best mean of the four recalls): {max(score, key=score.__getitem__)}")
+    _table(rows, variants, "", f"test ({len(c.test)} concepts), mean±std over seeds")
+    if args.n_val:
+        _paired(rows, variants, "val_", "paired per seed, validation")
+    _paired(rows, variants, "", "paired per seed, test")
     if args.json is not None:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=2,
                                         default=str))

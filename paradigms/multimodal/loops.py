@@ -63,6 +63,9 @@ class CorpusSpec:
         Concepts kept (``None``: all of about 1,700).
     n_test
         Concepts held out for retrieval evaluation (one pair each).
+    n_val
+        Further concepts held out of training as a validation split (one pair each), on which
+        settings are chosen before the test figures are read; 0 keeps them in training.
     seed
         Seed of the concept choices.
     cache_dir
@@ -77,6 +80,7 @@ class CorpusSpec:
     size: int = 64
     limit: int | None = None
     n_test: int = 300
+    n_val: int = 0
     seed: int = 0
     cache_dir: str | None = None
     text_buckets: int = 1 << 12
@@ -85,13 +89,14 @@ class CorpusSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Corpus:
-    """The loaded corpus: train pairs (the bank's corpus, keyed by row) and held-out test pairs."""
+    """The loaded corpus: train pairs (the bank's corpus, keyed by row), held-out validation and test pairs."""
 
     pairs: EmojiPairs
     train: np.ndarray
     test: np.ndarray
     features: np.ndarray
     text_ids: np.ndarray
+    val: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def train_keys(self) -> np.ndarray:
@@ -100,11 +105,28 @@ class Corpus:
 
 
 def load_corpus(spec: CorpusSpec) -> Corpus:
-    """Render (or read from cache) the pairs, compute (or read) the frozen features, split by concept."""
+    """Render (or read from cache) the pairs, compute (or read) the frozen features, split by concept.
+
+    The test concepts are drawn first, so ``n_val`` never changes the test pairs; the validation
+    concepts are then drawn from the remaining (training) concepts.
+
+    Raises
+    ------
+    ConfigError
+        If ``n_val`` is negative.
+    InvalidBatchError
+        If ``n_test`` or ``n_val`` leave no concept for training.
+    """
+    if not isinstance(spec.n_val, int) or spec.n_val < 0:
+        raise ConfigError(f"CorpusSpec: n_val={spec.n_val!r}; expected an int >= 0")
     pairs = load_openmoji_pairs(spec.size, limit=spec.limit, seed=spec.seed, cache_dir=spec.cache_dir)
     train, test = concept_split(pairs, spec.n_test, seed=spec.seed)
+    val = np.zeros(0, dtype=np.int64)
+    if spec.n_val:
+        sub_train, sub_val = concept_split(pairs.subset(train), spec.n_val, seed=spec.seed + 1)
+        train, val = train[sub_train], train[sub_val]
     feats = image_features(pairs.images, cache_dir=spec.cache_dir)
-    return Corpus(pairs, train, test, feats, hash_tokens(pairs.texts, spec.text_buckets))
+    return Corpus(pairs, train, test, feats, hash_tokens(pairs.texts, spec.text_buckets), val)
 
 
 def _set_threads(spec: CorpusSpec) -> None:
@@ -157,14 +179,21 @@ class ContrastiveTrainer(Trainer):
         The corpus to train on.
     negatives
         ``"in_batch"`` (baseline), ``"uniform"``/``"log_uniform"`` (``n_negatives`` sampled keys of
-        the corpus, logQ corrected) or ``"hard"`` (each query's ``n_hard + 4`` top-k by the bank's
-        embeddings). Negatives of the positive's own concept (itself and its skin-tone or gender
-        variants) are masked out as false negatives.
+        the corpus, with expected counts) or ``"hard"`` (each query's ``n_hard + 4`` top-k by the
+        bank's embeddings). Bank negatives join the in-batch ones in one softmax. Negatives of the
+        positive's own concept (itself and its skin-tone or gender variants) are masked out as
+        false negatives.
     n_negatives, n_hard
         Sampled and hard negatives per step.
+    reencode
+        ``True``: the bank gives the negatives' keys (a sample, or each query's top-k by the
+        maker's embeddings) and the trainer encodes their frozen image features and text ids with
+        the current model, so they are fresh and carry gradients; ``False``: the bank's stored
+        (stale) embeddings are used as constants.
     logq_correction
         Subtract log(expected count) from sampled negatives' logits (sampled softmax's estimate of
-        the softmax over the whole corpus); ``False`` weighs them like in-batch negatives.
+        the softmax over the whole corpus; only the sampled part is corrected, never the in-batch or
+        hard negatives); ``False`` weighs them like in-batch negatives.
     batch_size, lr, dim, hidden, weight_decay
         Optimisation and model sizes.
     seed
@@ -174,7 +203,7 @@ class ContrastiveTrainer(Trainer):
     """
 
     def __init__(self, corpus: CorpusSpec, *, negatives: str = "uniform", n_negatives: int = 256, n_hard: int = 8,
-                 logq_correction: bool = True, batch_size: int = 32, lr: float = 2e-3, dim: int = 64, hidden: int = 128,
+                 reencode: bool = True, logq_correction: bool = False, batch_size: int = 32, lr: float = 2e-3, dim: int = 64, hidden: int = 128,
                  weight_decay: float = 1e-4, seed: int = 0, name: str = "trainer", max_steps: int | None = 400,
                  publish_every: int | None = 20) -> None:
         super().__init__(name, max_steps=max_steps, publish_every=publish_every)
@@ -187,6 +216,7 @@ class ContrastiveTrainer(Trainer):
         self.negatives = negatives
         self.n_negatives = n_negatives
         self.n_hard = n_hard
+        self.reencode = bool(reencode)
         self.logq_correction = bool(logq_correction)
         self.batch_size = batch_size
         self.lr = lr
@@ -222,6 +252,7 @@ class ContrastiveTrainer(Trainer):
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
         self.bank_ready = False
         self.ages: list[float] = []
+        self.bank_steps = 0
 
     def _ready(self) -> bool:
         """Whether the maker has filled the corpus tables (checked until it has)."""
@@ -249,6 +280,38 @@ class ContrastiveTrainer(Trainer):
         if neg_keys.ndim == 1:
             return np.asarray(concept[neg_keys][None, :] == concept[pos_keys][:, None])
         return np.asarray(concept[neg_keys] == concept[pos_keys][:, None])
+
+    def _rows(self, keys: np.ndarray) -> Any:
+        """Positions in the trainer's feature and text-id tensors of corpus ``keys``."""
+        import torch
+
+        return torch.from_numpy(np.searchsorted(self.keys, keys)).to(self.device)
+
+    def _fresh_hard(self, table: str, query: Any, pos_keys: np.ndarray) -> tuple[Any, Any]:
+        """Each query's top-k keys of ``table`` by the bank's embeddings, encoded by the current model."""
+        import torch
+
+        assert self.ctx is not None
+        k = min(self.n_hard + 4, len(self.keys))
+        hk, _ = self.ctx.bank.top_k(table, query.detach().cpu().numpy(), k, metric="dot")
+        rows = self._rows(hk.reshape(-1))
+        enc = self.model.encode_text(self.ids[rows]) if table == TEXTS else self.model.encode_image(self.feats[rows])
+        mask = torch.from_numpy(self._same_concept(hk, pos_keys)).to(self.device)
+        return enc.reshape(*hk.shape, -1), mask
+
+    def _fresh_sampled(self, pos_keys: np.ndarray, step: int) -> tuple[Any, Any, Any, Any]:
+        """One sample of corpus keys from the bank (with expected counts), encoded by the current model."""
+        import torch
+
+        assert self.ctx is not None
+        s = self.ctx.bank.sample_negatives(TEXTS, min(self.n_negatives, len(self.keys)), sampler=self.negatives,
+                                           seed=self.seed * 1_000_003 + step)
+        rows = self._rows(s.keys)
+        img, txt = self.model(self.feats[rows], self.ids[rows])
+        logq = (torch.from_numpy(np.log(s.expected_count).astype(np.float32)).to(self.device)
+                if self.logq_correction else None)
+        mask = torch.from_numpy(self._same_concept(s.keys, pos_keys)).to(self.device)
+        return txt, img, logq, mask
 
     def _sampled_negatives(self, pos_keys: np.ndarray, step: int) -> tuple[Any, Any, Any, Any, float]:
         """One sample of corpus keys (with expected counts), looked up in both tables."""
@@ -278,7 +341,19 @@ class ContrastiveTrainer(Trainer):
         pos = self.keys[idx]
         in_batch = torch.from_numpy(self._same_concept(pos, pos)).to(self.device)
         out: dict[str, float] = {}
-        if self.use_bank and self._ready():
+        if self.use_bank and self._ready() and self.reencode:
+            if self.negatives == "hard":
+                tn, tm = self._fresh_hard(TEXTS, img, pos)
+                im, imask = self._fresh_hard(IMAGES, txt, pos)
+                tq = iq = None
+            else:
+                tn, im, tq, tm = self._fresh_sampled(pos, step)
+                iq, imask = tq, tm
+            loss = 0.5 * (contrastive_loss(img, txt, scale, tn, tq, tm, in_batch)
+                          + contrastive_loss(txt, img, scale, im, iq, imask, in_batch))
+            out["bank_negatives"] = float(tn.shape[-2] if tn.ndim == 3 else tn.shape[0])
+            self.bank_steps += 1
+        elif self.use_bank and self._ready():
             if self.negatives == "hard":
                 tn, tm, age_t = self._hard_negatives(TEXTS, img, pos)
                 im, imask, age_i = self._hard_negatives(IMAGES, txt, pos)
@@ -292,6 +367,7 @@ class ContrastiveTrainer(Trainer):
             out["bank_age_s"] = age
             out["bank_negatives"] = float(tn.shape[-2] if tn.ndim == 3 else tn.shape[0])
             self.ages.append(out["bank_age_s"])
+            self.bank_steps += 1
         else:
             loss = 0.5 * (contrastive_loss(img, txt, scale, batch_mask=in_batch)
                           + contrastive_loss(txt, img, scale, batch_mask=in_batch))
@@ -302,19 +378,27 @@ class ContrastiveTrainer(Trainer):
         out["temperature"] = float(1.0 / scale.detach())
         return out
 
-    def evaluate(self) -> dict[str, float]:
-        """Image->text and text->image recall@1/@5 among the held-out concepts' pairs."""
+    def _report(self, rows: np.ndarray) -> dict[str, float]:
         import torch
 
-        test = self.corpus.test
         with torch.inference_mode():
-            img = self.model.encode_image(torch.from_numpy(self.corpus.features[test]).to(self.device))
-            txt = self.model.encode_text(torch.from_numpy(self.corpus.text_ids[test]).to(self.device))
+            img = self.model.encode_image(torch.from_numpy(self.corpus.features[rows]).to(self.device))
+            txt = self.model.encode_text(torch.from_numpy(self.corpus.text_ids[rows]).to(self.device))
         return retrieval_report(img.cpu().numpy(), txt.cpu().numpy())
+
+    def evaluate(self) -> dict[str, float]:
+        """Image->text and text->image recall@1/@5 among the held-out test concepts' pairs, and with a
+        validation split (``CorpusSpec.n_val``) the same figures on it, prefixed ``val_``."""
+        out = self._report(self.corpus.test)
+        if len(self.corpus.val):
+            out.update({f"val_{k}": v for k, v in self._report(self.corpus.val).items()})
+        return out
 
     def finish(self) -> dict[str, float]:
         out = self.evaluate()
         out["n_test"] = float(len(self.corpus.test))
+        out["n_val"] = float(len(self.corpus.val))
+        out["bank_steps"] = float(self.bank_steps)
         out["n_train"] = float(len(self.keys))
         out["mean_bank_age_s"] = float(np.mean(self.ages)) if self.ages else float("nan")
         return out

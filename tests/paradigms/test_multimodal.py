@@ -146,6 +146,24 @@ def corpus_spec(cache_dir: pathlib.Path):  # type: ignore[no-untyped-def]
     return CorpusSpec(size=32, limit=LIMIT, n_test=8, seed=1, cache_dir=str(cache_dir))
 
 
+def test_validation_split_is_held_out_by_concept_and_leaves_test_unchanged(corpus_spec) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    from paradigms.multimodal.loops import load_corpus
+
+    plain = load_corpus(corpus_spec)
+    c = load_corpus(dataclasses.replace(corpus_spec, n_val=8))
+    assert len(plain.val) == 0
+    np.testing.assert_array_equal(c.test, plain.test)
+    concepts = c.pairs.concepts
+    assert len(c.val) == 8 and len(set(concepts[c.val])) == 8, "one pair per validation concept"
+    assert not set(concepts[c.val]) & set(concepts[c.train]) and not set(concepts[c.val]) & set(concepts[c.test])
+    assert len(set(concepts[c.train])) == LIMIT - 8 - 8
+    assert set(c.train.tolist()) < set(plain.train.tolist())
+    with pytest.raises(ConfigError, match=r"n_val=-1; expected an int >= 0"):
+        load_corpus(dataclasses.replace(corpus_spec, n_val=-1))
+
+
 def test_dual_encoder_learns_to_align_its_training_pairs(corpus_spec) -> None:  # type: ignore[no-untyped-def]
     from paradigms.multimodal.features import FEATURE_DIM
     from paradigms.multimodal.loops import load_corpus
@@ -187,6 +205,63 @@ def test_trainer_rejects_bad_settings(corpus_spec) -> None:  # type: ignore[no-u
         ConceptClassifierTrainer(corpus_spec, sampler="hard")
 
 
+def test_bank_negatives_are_encoded_by_the_current_model(client, corpus_spec) -> None:  # type: ignore[no-untyped-def]
+    """The bank gives keys (a sample, or top-k by the maker's embeddings); the trainer encodes them itself."""
+    from carls_dask.bank import KnowledgeBank
+    from carls_dask.runtime import LocalModelChannel, LoopContext, ThreadStop
+    from paradigms.multimodal.loops import ContrastiveTrainer, CorpusMaker, corpus_tables, initialise_bank
+
+    bank = KnowledgeBank.create(client, corpus_tables(16), n_shards=2)
+    try:
+        assert initialise_bank(bank, corpus_spec) > 0
+        ctx = LoopContext("t", "trainer", "cpu", LocalModelChannel("t"), ThreadStop(), bank=bank)
+        fresh = ContrastiveTrainer(corpus_spec, negatives="uniform", n_negatives=16, batch_size=8, dim=16, hidden=32)
+        fresh.ctx = ctx
+        fresh.setup(ctx)
+        assert fresh.step(0)["loss"] > 0 and fresh.bank_steps == 0, "in-batch only until the maker filled the bank"
+        maker = CorpusMaker(corpus_spec, dim=16, hidden=32)
+        maker.ctx = ctx
+        maker.setup(ctx)
+        maker.load_model(fresh.publish_state(), None)  # type: ignore[arg-type]
+        maker.make(type("V", (), {"step": 1})())  # type: ignore[arg-type]
+        for step in range(1, 6):  # the model moves on; the bank's embeddings stay as the maker wrote them
+            out = fresh.step(step)
+        assert out["bank_negatives"] == 16 and fresh.bank_steps == 5
+        pos = fresh.keys[:8]
+        txt, img, logq, mask = fresh._fresh_sampled(pos, 99)
+        assert txt.shape == img.shape == (16, 16) and txt.requires_grad and img.requires_grad and logq is None
+        sample = bank.sample_negatives("texts", 16, sampler="uniform", seed=99)  # the same draw (seed)
+        keys = sample.keys
+        with torch.no_grad():
+            now_img, now_txt = fresh.model(fresh.feats[fresh._rows(keys)], fresh.ids[fresh._rows(keys)])
+        np.testing.assert_allclose(txt.detach().numpy(), now_txt.numpy(), atol=1e-6)
+        np.testing.assert_allclose(img.detach().numpy(), now_img.numpy(), atol=1e-6)
+        stored = bank.lookup("texts", keys, columns=["embedding"]).values["embedding"]
+        assert np.abs(stored - now_txt.numpy()).max() > 1e-3, "the stored embeddings are stale"
+        assert np.array_equal(mask.numpy(), fresh._same_concept(keys, pos))
+        # hard: each query's top-k keys by the bank's embeddings, encoded now, same-concept ones masked
+        query = torch.nn.functional.normalize(torch.randn(8, 16, generator=torch.Generator().manual_seed(0)), dim=-1)
+        hard, hmask = fresh._fresh_hard("images", query, pos)
+        hk, _ = bank.top_k("images", query.numpy(), fresh.n_hard + 4, metric="dot")
+        assert hard.shape == (8, fresh.n_hard + 4, 16) and hard.requires_grad
+        with torch.no_grad():
+            want = fresh.model.encode_image(fresh.feats[fresh._rows(hk.reshape(-1))]).reshape(hard.shape)
+        np.testing.assert_allclose(hard.detach().numpy(), want.numpy(), atol=1e-6)
+        assert np.array_equal(hmask.numpy(), fresh._same_concept(hk, pos))
+        # stale: the bank's stored embeddings as constants, logQ corrected when asked
+        stale = ContrastiveTrainer(corpus_spec, negatives="uniform", n_negatives=16, batch_size=8, dim=16, hidden=32,
+                                   reencode=False, logq_correction=True)
+        stale.ctx = ctx
+        stale.setup(ctx)
+        tn, _, sq, _, age = stale._sampled_negatives(pos, 99)
+        np.testing.assert_allclose(tn.numpy(), stored, atol=1e-6)
+        assert not tn.requires_grad and age >= 0
+        np.testing.assert_allclose(sq.numpy(), np.log(sample.expected_count), rtol=1e-5)
+        assert (sq.numpy() < 0).all(), "each key is expected less than once in a sample of 16"
+    finally:
+        bank.close()
+
+
 def test_run_with_bank_negatives_maker_and_bank_held_classes(client, corpus_spec) -> None:  # type: ignore[no-untyped-def]
     from carls_dask.bank import to_int64_keys
     from carls_dask.runtime.workbench import Workbench
@@ -196,8 +271,8 @@ def test_run_with_bank_negatives_maker_and_bank_held_classes(client, corpus_spec
     c = load_corpus(corpus_spec)  # fills the caches the workers read
     steps = 20
     with Workbench(client, progress=False, name="mm-test") as wb:
-        r = run_contrastive(wb, corpus_spec, negatives="hard", n_hard=4, seed=0, steps=steps, dim=16,
-                            publish_every=10, classifier_steps=10, timeout=240)
+        r = run_contrastive(wb, corpus_spec, negatives="hard", n_hard=4, reencode=False, seed=0, steps=steps,
+                            dim=16, publish_every=10, classifier_steps=10, timeout=240)
         bank = wb.bank
         keys = c.train_keys
         assert bank.size("texts") == bank.size("images") == len(keys)
@@ -212,7 +287,8 @@ def test_run_with_bank_negatives_maker_and_bank_held_classes(client, corpus_spec
         names = to_int64_keys([c.pairs.concept_names[i] for i in np.unique(c.pairs.concepts)], "concepts")
         assert 0 < len(held) <= len(names) and set(held.tolist()) <= set(names.tolist())
     assert r.steps == steps and r.maker_rounds >= 1 and r.steps_per_s > 0
-    assert r.mean_staleness_s >= 0 and r.metrics["mean_bank_age_s"] >= 0
+    assert r.mean_staleness_s >= 0 and r.metrics["mean_bank_age_s"] >= 0 and r.metrics["bank_steps"] >= 1
+    assert not r.reencode and r.negatives == "hard"
     assert r.metrics["n_test"] == 8 and r.metrics["n_train"] == len(c.train)
     for m in ("i2t_r@1", "i2t_r@5", "t2i_r@1", "t2i_r@5"):
         assert 0.0 <= r.metrics[m] <= 1.0
@@ -227,12 +303,14 @@ def test_cli_run_writes_a_run_folder(tmp_path: pathlib.Path, corpus_spec) -> Non
     from storage import open_bank
 
     main = get_paradigm("multimodal")
-    opts = {"limit": str(LIMIT), "n_test": "8", "seed": "1", "negatives": "uniform", "n_negatives": "32",
+    opts = {"limit": str(LIMIT), "n_test": "8", "n_val": "4", "seed": "1", "n_negatives": "32",
             "classifier_steps": "10", "cache_dir": str(corpus_spec.cache_dir)}
     run_dir = tmp_path / "mm-run"
     assert main(RunRequest("multimodal", run_dir, 20, opts)) == 0
     results = json.loads((run_dir / "results.json").read_text())
-    assert results["steps"] == 20 and results["negatives"] == "uniform"
+    assert results["steps"] == 20 and results["negatives"] == "uniform", "the validated default"
+    assert results["reencode"] and not results["logq_correction"]
+    assert results["metrics"]["n_val"] == 4 and 0.0 <= results["metrics"]["val_t2i_r@1"] <= 1.0
     assert json.loads((run_dir / "run.json").read_text())["loops"]["trainer"]["steps"] == 20
     assert (run_dir / "metrics.zarr").exists()
     texts = open_bank(run_dir / "bank", table="texts")
