@@ -21,7 +21,7 @@ from carls_dask.bank.actor import BankShard
 from carls_dask.bank.core import LookupResult
 from carls_dask.bank.hashing import bucket_of, to_int64_keys
 from carls_dask.bank.sampling import NegativeSample, order_by_frequency, sample_candidates
-from carls_dask.bank.schema import TableSpec, coerce_column_values, unknown_table
+from carls_dask.bank.schema import TableSpec, check_batch_size, coerce_column_values, unknown_table
 from storage.errors import (
     DeadlineExceeded,
     InvalidBatchError,
@@ -316,6 +316,7 @@ class KnowledgeBank:
         return exc
 
     def _keys(self, table: str, keys: Any) -> np.ndarray:
+        check_batch_size(table, "keys", len(keys) if hasattr(keys, "__len__") and not isinstance(keys, str | bytes) else 1)
         k = to_int64_keys(keys, table)
         if k.size == 0:
             raise InvalidBatchError(f"table {table!r}: empty batch (0 keys); expected at least one key")
@@ -488,6 +489,7 @@ class KnowledgeBank:
         self.spec(table)
         if isinstance(n, bool) or not isinstance(n, int | np.integer):
             raise InvalidDTypeError(f"table {table!r}: sample size must be an int, got {n!r}")
+        check_batch_size(table, "samples", int(n))
         parts = self._call([(s, "keys_and_frequency", (table,), {}) for s in range(self.n_shards)])
         keys = np.concatenate([p[0] for p in parts])
         freq = np.concatenate([p[1] for p in parts])
@@ -516,6 +518,8 @@ class KnowledgeBank:
             raise InvalidShapeError(
                 f"table {table!r}, column {column!r}: query has shape {np.asarray(query).shape}; expected (q>0, {col.shape})"
             )
+        if isinstance(k, int | np.integer) and not isinstance(k, bool):
+            check_batch_size(table, "top-k results (queries x k)", q.shape[0] * int(k))
         parts = self._call([(s, "top_k", (table, q, int(k), column, metric), {}) for s in range(self.n_shards)])
         keys = np.concatenate([p[0] for p in parts], axis=1)
         scores = np.concatenate([p[1] for p in parts], axis=1)

@@ -336,6 +336,17 @@ def check_keys(table: str, keys: np.ndarray, *, allow_empty: bool = False) -> np
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
+def check_batch_size(table: str, what: str, n: int) -> None:
+    """Raise :class:`InvalidBatchError` when a batch exceeds ``carls.bank.max-batch-keys`` (nothing allocated yet)."""
+    from carls_dask import config
+
+    limit = int(config.get("bank.max-batch-keys"))
+    if n > limit:
+        raise InvalidBatchError(
+            f"table {table!r}: batch of {n} {what}; expected at most {limit} (carls.bank.max-batch-keys)"
+        )
+
+
 def check_finite(table: str, column: str, what: str, arr: np.ndarray) -> None:
     """Raise :class:`InvalidBatchError` if a float array holds NaN or Inf."""
     if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
