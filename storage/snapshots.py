@@ -748,13 +748,15 @@ def _chunk_spans(ranges: Iterable[tuple[int, int]], chunk: int, n: int) -> list[
     return spans
 
 
-def _read_rows(z: zarr.Array, folder: pathlib.Path, start: int, stop: int, dest: np.ndarray) -> None:
+def _read_rows(
+    z: zarr.Array, folder: pathlib.Path, start: int, stop: int, dest: np.ndarray, *, plain: Any = ...
+) -> None:
     """Read rows ``start:stop`` (``start`` chunk-aligned) into ``dest``, straight from the chunk files.
 
     The inverse of :func:`_write_chunks` for uncompressed arrays (CRC32C verified when present); other
-    codec chains go through Zarr.
+    codec chains go through Zarr. ``plain`` is :func:`_plain_codecs` of ``z`` when the caller has it.
     """
-    crc = _plain_codecs(z)
+    crc = _plain_codecs(z) if plain is ... else plain
     if crc is None or dest.dtype != z.dtype or not dest.flags.c_contiguous:
         z.get_basic_selection(slice(start, stop), out=_NDBuffer.from_numpy_array(dest))
         return
@@ -888,7 +890,7 @@ def read_snapshot(
     makers = man["makers"]
     # plan: per shard and table, the chunk-aligned row spans to read and (with a bucket set) row masks
     plans: list[tuple[str, zarr.Group, pathlib.Path, np.ndarray, str, list[str], list[tuple[int, int]],
-                      list[np.ndarray] | None, int]] = []
+                      list[np.ndarray] | None, int, int]] = []
     totals: dict[str, int] = dict.fromkeys(want_tables, 0)
     dtypes: dict[str, dict[str, tuple[np.dtype, tuple[int, ...]]]] = {t: {} for t in want_tables}
     for s_key, info in man["shards"].items():
@@ -930,48 +932,62 @@ def read_snapshot(
                 raise
             except Exception as exc:  # zarr raises assorted errors on damaged chunks (checksum, decode)
                 raise CorruptStoreError(f"{what}: shard {s_key}, table {tname!r} cannot be read: {exc}") from exc
-            plans.append((s_key, group, zpath, code_map, tname, arr_names, spans, masks, rows))
+            plans.append((s_key, group, zpath, code_map, tname, arr_names, spans, masks, rows,
+                          int(info.get("chunk_rows", 65536))))
             totals[tname] += rows
-    # fill: one output array per name; full spans are decoded straight into it
+    # fill: one job per array and chunk, so that reads and checksums of different chunks overlap in the
+    # threads; fully wanted chunks are read straight into the output, partly wanted ones into a per-thread
+    # buffer and gathered from there into the output (no temporary)
     out: dict[str, dict[str, np.ndarray]] = {
         t: {nm: np.empty((totals[t], *shape), dtype=dt) for nm, (dt, shape) in dtypes[t].items()}
         for t in want_tables
     }
     pos: dict[str, int] = dict.fromkeys(want_tables, 0)
-    reads = []
-    for s_key, group, zpath, code_map, tname, arr_names, spans, masks, rows in plans:
+    jobs: list[tuple[Any, ...]] = []
+    for s_key, group, zpath, code_map, tname, arr_names, spans, masks, rows, chunk in plans:
+        pieces: list[tuple[int, int, int, np.ndarray | None]] = []  # (first row, end row, output row, rows wanted)
+        p = pos[tname]
+        for i, (s, e) in enumerate(spans):
+            for lo in range(s, e, chunk):
+                hi = min(e, lo + chunk)
+                idx = None if masks is None else np.flatnonzero(masks[i][lo - s : hi - s])
+                if idx is not None and idx.size == hi - lo:
+                    idx = None
+                if idx is not None and idx.size == 0:
+                    continue
+                pieces.append((lo, hi, p, idx))
+                p += hi - lo if idx is None else idx.size
         for nm in arr_names:
             z = _array(group, f"{tname}/{nm}")
             _check_chunks(z, zpath / tname / nm, what)
-            reads.append((s_key, z, zpath / tname / nm, out[tname][nm], pos[tname], spans, masks, code_map, nm))
+            plain = _plain_codecs(z)
+            for piece in pieces:
+                jobs.append((s_key, z, plain, zpath / tname / nm, out[tname][nm], piece,
+                             code_map if nm == "prov/maker" else None))
         pos[tname] += rows
 
     def fill(job: tuple[Any, ...]) -> None:
-        s_key, z, folder, dest, p0, spans, masks, code_map, nm = job
+        s_key, z, plain, folder, dest, (lo, hi, p, idx), code_map = job
         try:
-            p = p0
-            for i, (s, e) in enumerate(spans):
-                if masks is None:
-                    _read_rows(z, folder, s, e, dest[p : p + e - s])
-                    p += e - s
-                else:
-                    row_bytes = z.dtype.itemsize * int(np.prod(z.shape[1:], dtype=np.int64))
-                    block = _scratch((e - s) * row_bytes).view(z.dtype).reshape(e - s, *z.shape[1:])
-                    _read_rows(z, folder, s, e, block)
-                    block = block[masks[i]]
-                    dest[p : p + block.shape[0]] = block
-                    p += block.shape[0]
-            if nm == "prov/maker" and p > p0:
-                codes = dest[p0:p]
-                if codes.min() < 0 or codes.max() >= code_map.shape[0]:
+            if idx is None:
+                part = dest[p : p + hi - lo]
+                _read_rows(z, folder, lo, hi, part, plain=plain)
+            else:
+                row_bytes = z.dtype.itemsize * int(np.prod(z.shape[1:], dtype=np.int64))
+                block = _scratch((hi - lo) * row_bytes).view(z.dtype).reshape(hi - lo, *z.shape[1:])
+                _read_rows(z, folder, lo, hi, block, plain=plain)
+                part = dest[p : p + idx.size]
+                np.take(block, idx, axis=0, out=part, mode="clip")  # idx < hi - lo: clip never clips
+            if code_map is not None and part.size:
+                if part.min() < 0 or part.max() >= code_map.shape[0]:
                     raise CorruptStoreError(f"{what}: shard {s_key} has maker codes outside its maker list")
-                dest[p0:p] = code_map[codes]
+                part[...] = code_map[part]
         except (CorruptStoreError, StoreNotFoundError):
             raise
         except Exception as exc:  # zarr raises assorted errors on damaged chunks (checksum, decode)
             raise CorruptStoreError(f"{what}: shard {s_key}, {folder.name} cannot be read: {exc}") from exc
 
     with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
-        for f in [pool.submit(fill, job) for job in reads]:
+        for f in [pool.submit(fill, job) for job in jobs]:
             f.result()  # re-raises the first failure
     return out
