@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from carls_dask.bank.hashing import (
-    bucket_of,
     bucket_of_hash,
     mix_seed,
     normal_from_keys,
@@ -303,9 +302,20 @@ class ShardCore:
         return code
 
     def _allocate(
-        self, t: TableState, keys: np.ndarray, buckets: np.ndarray, now: float, hashes: np.ndarray | None = None
+        self,
+        t: TableState,
+        keys: np.ndarray,
+        buckets: np.ndarray,
+        now: float,
+        hashes: np.ndarray | None = None,
+        given: Iterable[str] = (),
     ) -> np.ndarray:
-        """Append rows for new unique keys, with initial values; returns their rows."""
+        """Append rows for new unique keys, with initial values; returns their rows.
+
+        Columns named in ``given`` (``col/<name>``, ``slot/<col>/<slot>``) are left for the caller to
+        write (a restore writes every column, so computing initial values for them would be wasted).
+        """
+        skip = set(given)
         m = keys.shape[0]
         t.reserve(t.n + m)
         rows = np.arange(t.n, t.n + m)
@@ -315,11 +325,15 @@ class ShardCore:
         t.maker[rows] = 0
         t.prov["wall_time"][rows] = now
         for col in t.spec.columns:
-            t.cols[col.name][rows] = t.initial_values(col, keys)
+            if f"col/{col.name}" not in skip:
+                t.cols[col.name][rows] = t.initial_values(col, keys)
         for cname, slots in t.slots.items():
+            if all(f"slot/{cname}/{sname}" in skip for sname in slots):
+                continue
             col = t.spec.column(cname)
             for sname, arr in initial_slots(t.spec.optimizer, (m, *col.shape), t.spec.adagrad_initial_accumulator).items():
-                slots[sname][rows] = arr
+                if f"slot/{cname}/{sname}" not in skip:
+                    slots[sname][rows] = arr
         t.n += m
         t.index.insert(keys, rows, t.keys, hashes)
         return rows
@@ -751,37 +765,42 @@ class ShardCore:
         keys = check_keys(table, arrays["keys"], allow_empty=True)
         if keys.size == 0:
             return 0
-        buckets = bucket_of(keys, self.buckets)
+        h = splitmix64(keys.view(np.uint64))
+        buckets = bucket_of_hash(h, self.buckets)
         mine = self._owned_mask[buckets]
         if not mine.all():
             keys = keys[mine]
             arrays = {a: np.asarray(v)[mine] for a, v in arrays.items()}
             buckets = buckets[mine]
+            h = h[mine]
         n = keys.shape[0]
         if n == 0:
             return 0
         for name in arrays:
             if name.startswith("col/"):
                 coerce_column_values(table, t.spec.column(name[4:]), arrays[name], n)
-        rows = t.index.find(keys, t.keys)
+        rows = t.index.find(keys, t.keys, h)
         missing = rows < 0
         if missing.any():
-            rows[missing] = self._allocate(t, keys[missing], buckets[missing], self.clock())
+            given = [a for a in arrays if a.startswith(("col/", "slot/"))]
+            rows[missing] = self._allocate(t, keys[missing], buckets[missing], self.clock(), h[missing], given)
+        # all new (a restore into an empty table): the rows are one appended range, written as a slice
+        at: np.ndarray | slice = slice(int(rows[0]), int(rows[0]) + n) if bool(missing.all()) else rows
         for name, v in arrays.items():
             v = np.asarray(v)
             if name in ("keys", "bucket"):
                 continue
             if name == "frequency":
-                t.frequency[rows] = v
+                t.frequency[at] = v
             elif name == "prov/maker":
                 names = list(makers) if makers is not None else self.makers
                 lut = np.array([self.maker_code(m) for m in names], dtype=np.int32)
-                t.prov["maker"][rows] = lut[v]
+                t.prov["maker"][at] = lut[v]
             elif name.startswith("prov/"):
-                t.prov[name[5:]][rows] = v
+                t.prov[name[5:]][at] = v
             elif name.startswith("col/"):
-                t.cols[name[4:]][rows] = v
+                t.cols[name[4:]][at] = v
             elif name.startswith("slot/"):
                 _, cname, sname = name.split("/")
-                t.ensure_slots(cname)[sname][rows] = v
+                t.ensure_slots(cname)[sname][at] = v
         return int(n)

@@ -339,3 +339,23 @@ def test_export_state_format_and_round_trip() -> None:
     for c in (core, again):
         c.apply_gradients("emb", mine[:3], np.full((3, 2), 0.5))
     assert states_equal(core.export_state(), again.export_state())
+
+
+def test_import_rows_initializes_only_the_columns_it_is_not_given() -> None:
+    clock = Clock()
+    ref = ShardCore([nodes()], clock=clock)
+    keys = np.arange(50)
+    ref.lookup("nodes", keys, insert=True)
+    core = ShardCore([nodes()], clock=clock)
+    core.lookup("nodes", keys[:10], insert=True)  # some rows exist already, the rest are new
+    emb = np.full((50, 8), 0.25, np.float32)
+    assert core.import_rows("nodes", {"keys": keys, "col/embedding": emb}) == 50
+    got = core.lookup("nodes", keys)
+    want = ref.lookup("nodes", keys)
+    assert np.array_equal(got.values["embedding"], emb)
+    for col in ("logits", "confidence", "neighbours"):  # not given: the deterministic initial values
+        assert np.array_equal(got.values[col], want.values[col])
+    fresh = ShardCore([nodes()], clock=clock)  # all new: written as one appended range
+    fresh.import_rows("nodes", {"keys": keys[::-1], "col/embedding": emb[::-1] * np.arange(50)[::-1, None]})
+    assert np.array_equal(fresh.lookup("nodes", keys).values["embedding"], emb * np.arange(50)[:, None])
+    assert np.array_equal(fresh.lookup("nodes", keys).values["logits"], want.values["logits"])
