@@ -91,6 +91,10 @@ def test_options_from_the_command_line() -> None:
     bank = config_from_options({})
     assert (bank.unlabelled_batch, bank.neighbour_temperature, bank.threshold) == (ALL_NODES, 0.5, 0.99)
     assert bank.unlabelled_batch >= 2708
+    assert (bank.pseudo_selection, bank.pseudo_fraction, bank.pseudo_alpha, bank.pseudo_agreement,
+            bank.pseudo_warmup, bank.pseudo_ramp) == ("balanced", 0.4, 0.9, False, 20, 50)
+    agree = config_from_options({"pseudo_agreement": "true", "pseudo_selection": "threshold", "pseudo_warmup": "5"})
+    assert (agree.pseudo_agreement, agree.pseudo_selection, agree.pseudo_warmup) == (True, "threshold", 5)
     mine = config_from_options({"neighbour-temperature": "0.7", "unlabelled_batch": "64"})
     assert (mine.unlabelled_batch, mine.neighbour_temperature) == (64, 0.7)
     base = config_from_options({"mode": "in-graph"})
