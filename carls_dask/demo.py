@@ -14,12 +14,52 @@ import pathlib
 import sys
 import time
 
-__all__ = ["DEMO_PARADIGM", "run_demo"]
+__all__ = ["DEMO_PARADIGM", "FIGURE_SUFFIXES", "run_demo", "run_figures"]
 
 logger = logging.getLogger(__name__)
 
 #: The registered paradigm the demo runs.
 DEMO_PARADIGM = "semi-supervised"
+
+#: Endings of the metric-store series the demo prints (accuracy and pseudo-label quality figures).
+FIGURE_SUFFIXES = ("acc", "accuracy", "pl_precision", "pl_coverage")
+
+
+def run_figures(run_dir: pathlib.Path) -> list[str]:
+    """Lines describing a finished run folder: its accuracy figures and its bank snapshots.
+
+    The figures are the last and the highest reported value of every series of ``RUN/metrics.zarr`` whose name ends
+    in one of :data:`FIGURE_SUFFIXES`; the snapshots are those committed in ``RUN/bank``. Parts the
+    folder lacks are left out, so this never fails on a run that wrote less.
+    """
+    import numpy as np
+
+    import storage
+    from storage.errors import CarlsError
+
+    lines: list[str] = []
+    try:
+        metrics = storage.open_metrics(run_dir / "metrics.zarr")
+    except CarlsError:
+        metrics = None
+    if metrics is not None:
+        for name in sorted(str(n) for n in metrics.data_vars):
+            values = np.asarray(metrics[name].values, dtype=np.float64)
+            if values.ndim != 1 or not name.endswith(FIGURE_SUFFIXES):
+                continue
+            seen = np.flatnonzero(np.isfinite(values))
+            if seen.size:
+                steps = np.asarray(metrics["step"].values)
+                best = seen[int(np.argmax(values[seen]))]
+                lines.append(f"  {name:<32} last {values[seen[-1]]:.4f} (step {int(steps[seen[-1]])}), "
+                             f"highest {values[best]:.4f} (step {int(steps[best])})")
+    try:
+        snaps = storage.list_snapshots(run_dir / "bank")
+    except CarlsError:
+        snaps = []
+    if snaps:
+        lines.append(f"  bank snapshots: {len(snaps)}, newest v{snaps[-1]['version']} at step {snaps[-1]['step']}")
+    return lines
 
 
 def run_demo(run_dir: pathlib.Path | None = None, dataset: str = "cora", steps: int | None = None) -> int:
@@ -48,6 +88,9 @@ def run_demo(run_dir: pathlib.Path | None = None, dataset: str = "cora", steps: 
     t0 = time.perf_counter()
     status = runner(RunRequest(DEMO_PARADIGM, run_dir, steps, {"dataset": dataset}))
     elapsed = time.perf_counter() - t0
+    figures = run_figures(run_dir)
+    if figures:
+        out.write("demo: figures in the run's metric store\n" + "\n".join(figures) + "\n")
     out.write(
         f"demo: finished in {elapsed:.0f} s\n"
         f"  dashboard:  carls-dask dashboard {run_dir}\n"
