@@ -7,6 +7,7 @@ loads its rows back from a snapshot plus the delta log on restore. All semantics
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import threading
@@ -20,8 +21,9 @@ from carls_dask.bank.core import LookupResult, ShardCore
 from carls_dask.bank.sampling import NegativeSample
 from carls_dask.bank.schema import TableSpec
 from storage.deltalog import MAKERS_TABLE
+from storage.errors import ShardLostError
 
-__all__ = ["MAKERS_TABLE", "BankShard"]
+__all__ = ["MAKERS_TABLE", "OP_ID", "BankShard"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +36,31 @@ def _locked(method: _F) -> _F:
     @functools.wraps(method)
     def wrapper(self: BankShard, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
+            if method.__name__ not in _AFTER_RETIRE:
+                self._check_live()
             return method(self, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+#: Methods a retired shard still answers (everything else raises ShardLostError, which re-routes the call).
+_AFTER_RETIRE = frozenset({"close", "retire", "export_state", "ping"})
+
+
+class _Logged:
+    """A batch recovered from the delta log on restore: the keys its record(s) carried."""
+
+    __slots__ = ("keys",)
+
+    def __init__(self, keys: np.ndarray) -> None:
+        self.keys = np.asarray(keys, dtype=np.int64)
+
+
+#: Name of the delta-log array that carries the client's operation id of a mutating batch (one value
+#: repeated on every row), so that a batch retried after its shard was re-homed is applied once.
+OP_ID = "op_id"
+#: Operation ids (and their answers) a shard remembers for recognising a retried batch.
+_OPS_REMEMBERED = 4096
 
 #: MAKERS_TABLE: pseudo-table of the delta log recording maker names as they are registered (code -> UTF-8).
 _MAKER_NAME_BYTES = 256
@@ -100,6 +124,9 @@ class BankShard:
         self.step = 0
         self._log: Any = None
         self._logged_makers = 1  # code 0 ("") needs no record
+        # answers of recent mutating batches by operation id (a retry after a re-home gets the same answer)
+        self._ops: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self._retired: str | None = None
         if log_root is not None:
             from storage.deltalog import DeltaLog
 
@@ -114,21 +141,53 @@ class BankShard:
         self._log.append(self.step, MAKERS_TABLE, "upsert", encode_makers(codes, [makers[c] for c in codes]))
         self._logged_makers = len(makers)
 
-    def _log_upsert(self, table: str, keys: np.ndarray) -> None:
+    def _log_upsert(self, table: str, keys: np.ndarray, op_id: int | None = None) -> None:
         if self._log is None:
             return
         self._log_makers()
         rows = self.core.rows(table, np.unique(keys))
         if rows["keys"].size:
+            if op_id is not None:
+                rows = {**rows, OP_ID: np.full(rows["keys"].shape[0], op_id, dtype=np.int64)}
             self._log.append(self.step, table, "upsert", rows)
 
-    def _log_delete(self, table: str, keys: np.ndarray) -> None:
+    def _log_delete(self, table: str, keys: np.ndarray, op_id: int | None = None) -> None:
         if self._log is None or keys.size == 0:
             return
         k = np.unique(keys)
         from carls_dask.bank.hashing import bucket_of
 
-        self._log.append(self.step, table, "delete", {"keys": k, "bucket": bucket_of(k, self.core.buckets)})
+        arrays = {"keys": k, "bucket": bucket_of(k, self.core.buckets)}
+        if op_id is not None:
+            arrays[OP_ID] = np.full(k.shape[0], op_id, dtype=np.int64)
+        self._log.append(self.step, table, "delete", arrays)
+
+    # -- retried batches ----------------------------------------------------------------------------
+    def _check_live(self) -> None:
+        if self._retired is not None:
+            raise ShardLostError(f"bank shard {self.core.shard}: {self._retired}; the bank client re-routes the call")
+
+    def _remember(self, op_id: int | None, answer: Any) -> None:
+        if op_id is None:
+            return
+        self._ops[int(op_id)] = answer
+        while len(self._ops) > _OPS_REMEMBERED:
+            self._ops.popitem(last=False)
+
+    def _seen(self, op_id: int | None, keys: np.ndarray, kind: str) -> Any:
+        """The answer of an already applied batch ``op_id`` (None when it was not applied here).
+
+        A batch recovered from the delta log has no stored answer; it is rebuilt from the logged keys:
+        ``update`` wrote them all, ``apply_gradients`` found (and ``delete`` removed) exactly those.
+        """
+        if op_id is None or int(op_id) not in self._ops:
+            return None
+        answer = self._ops[int(op_id)]
+        if not isinstance(answer, _Logged):
+            return answer
+        if kind == "update":
+            return int(answer.keys.size)
+        return np.isin(np.asarray(keys, dtype=np.int64), answer.keys)
 
     @_locked
     def set_step(self, step: int) -> int:
@@ -145,20 +204,29 @@ class BankShard:
         columns: Sequence[str] | None = None,
         insert: bool = False,
         max_staleness: float | None = None,
+        op_id: int | None = None,
     ) -> LookupResult:
-        """See :meth:`ShardCore.lookup`."""
+        """See :meth:`ShardCore.lookup`; a retried ``insert`` batch (same ``op_id``) only reads."""
+        if insert and self._seen(op_id, keys, "lookup") is not None:
+            insert = False
         res = self.core.lookup(table, keys, columns=columns, insert=insert, max_staleness=max_staleness)
-        if insert and self._log is not None:  # allocations and frequencies are state: log the rows
-            self._log_upsert(table, np.asarray(keys, dtype=np.int64))
+        if insert:
+            if self._log is not None:  # allocations and frequencies are state: log the rows
+                self._log_upsert(table, np.asarray(keys, dtype=np.int64), op_id)
+            self._remember(op_id, True)
         return res
 
     @_locked
     def update(
-        self, table: str, keys: np.ndarray, values: Mapping[str, np.ndarray], model_step: int = 0, maker: str = ""
+        self, table: str, keys: np.ndarray, values: Mapping[str, np.ndarray], model_step: int = 0, maker: str = "",
+        op_id: int | None = None,
     ) -> int:
         """See :meth:`ShardCore.update`; returns the number of distinct keys written."""
+        if (seen := self._seen(op_id, keys, "update")) is not None:
+            return int(seen)
         written = self.core.update(table, keys, values, model_step=model_step, maker=maker)
-        self._log_upsert(table, written)
+        self._log_upsert(table, written, op_id)
+        self._remember(op_id, int(written.size))
         return int(written.size)
 
     @_locked
@@ -169,18 +237,25 @@ class BankShard:
         grads: Mapping[str, np.ndarray] | np.ndarray,
         column: str = "embedding",
         learning_rate: float | None = None,
+        op_id: int | None = None,
     ) -> np.ndarray:
-        """See :meth:`ShardCore.apply_gradients`."""
+        """See :meth:`ShardCore.apply_gradients`; a retried batch (same ``op_id``) is not applied twice."""
+        if (seen := self._seen(op_id, keys, "apply_gradients")) is not None:
+            return np.asarray(seen, dtype=bool)
         found = self.core.apply_gradients(table, keys, grads, column=column, learning_rate=learning_rate)
         if found.any():
-            self._log_upsert(table, np.asarray(keys, dtype=np.int64)[found])
+            self._log_upsert(table, np.asarray(keys, dtype=np.int64)[found], op_id)
+        self._remember(op_id, found)
         return found
 
     @_locked
-    def delete(self, table: str, keys: np.ndarray) -> np.ndarray:
-        """See :meth:`ShardCore.delete`."""
+    def delete(self, table: str, keys: np.ndarray, op_id: int | None = None) -> np.ndarray:
+        """See :meth:`ShardCore.delete`; a retried batch (same ``op_id``) answers as the first time."""
+        if (seen := self._seen(op_id, keys, "delete")) is not None:
+            return np.asarray(seen, dtype=bool)
         present = self.core.delete(table, keys)
-        self._log_delete(table, np.asarray(keys, dtype=np.int64)[present])
+        self._log_delete(table, np.asarray(keys, dtype=np.int64)[present], op_id)
+        self._remember(op_id, present)
         return present
 
     @_locked
@@ -254,7 +329,6 @@ class BankShard:
         dict
             Rows read from the snapshot and delta records applied.
         """
-        from storage.deltalog import replay
         from storage.snapshots import read_manifest, read_snapshot
 
         man = read_manifest(root, version)
@@ -268,31 +342,97 @@ class BankShard:
             if table in self.core.tables:
                 for c, info in cols.items():
                     self.core.table(table).opt_step[c] = int(info["step"])
-        applied = 0
-        if replay_log:
-            old_makers: dict[int, dict[int, str]] = {}
-            for rec in replay(root, since_version=man["version"]):
-                if rec.table == MAKERS_TABLE:
-                    old_makers.setdefault(rec.shard, {0: ""}).update(decode_makers(rec.arrays))
-                    continue
-                if rec.table not in self.core.tables:
-                    continue
-                if rec.op == "delete":
-                    keys = rec.arrays["keys"]
-                    mine = self.core._owned_mask[self._buckets(keys)]
-                    if mine.any():
-                        self.core.delete(rec.table, keys[mine])
-                        applied += 1
-                else:
-                    names = old_makers.setdefault(rec.shard, {0: ""})
-                    shard_makers = self._maker_list(rec.shard, names, man)
-                    if self.core.import_rows(rec.table, rec.arrays, makers=shard_makers):
-                        applied += 1
+        applied = self._replay(root, man["version"], man) if replay_log else 0
         if self._log is not None:
             # the restored state is the new baseline: record the makers this shard now knows
             self._log_makers()
         logger.info("shard %d restored %d rows from v%s and %d delta records", self.core.shard, rows, man["version"], applied)
         return {"rows": rows, "records": applied}
+
+    def _replay(self, root: str, since_version: int | None, man: Mapping[str, Any]) -> int:
+        """Apply the delta records of ``root`` newer than snapshot ``since_version`` (all when None).
+
+        Operation ids of this shard's own records are remembered, so a batch that was logged but
+        whose answer was lost with the old process is recognised when the client retries it.
+        """
+        from storage.deltalog import replay
+
+        applied = 0
+        old_makers: dict[int, dict[int, str]] = {}
+        for rec in replay(root, since_version=since_version):
+            if rec.shard == self.core.shard and OP_ID in rec.arrays and rec.arrays[OP_ID].size:
+                op = int(rec.arrays[OP_ID][0])
+                prev = self._ops.get(op)
+                keys = rec.arrays["keys"]
+                self._ops[op] = _Logged(keys if not isinstance(prev, _Logged) else np.concatenate([prev.keys, keys]))
+            if rec.table == MAKERS_TABLE:
+                old_makers.setdefault(rec.shard, {0: ""}).update(decode_makers(rec.arrays))
+                continue
+            if rec.table not in self.core.tables:
+                continue
+            if rec.op == "delete":
+                keys = rec.arrays["keys"]
+                mine = self.core._owned_mask[self._buckets(keys)]
+                if mine.any():
+                    self.core.delete(rec.table, keys[mine])
+                    applied += 1
+            else:
+                names = old_makers.setdefault(rec.shard, {0: ""})
+                shard_makers = self._maker_list(rec.shard, names, man)
+                if self.core.import_rows(rec.table, rec.arrays, makers=shard_makers):
+                    applied += 1
+        while len(self._ops) > _OPS_REMEMBERED:
+            self._ops.popitem(last=False)
+        return applied
+
+    @_locked
+    def rehome_restore(self, root: str, base: tuple[str, int] | None = None) -> dict[str, Any]:
+        """Rebuild this (new, empty) shard from the bank store ``root`` after its old worker went away.
+
+        The newest committed snapshot of ``root`` plus the delta log after it; without a snapshot
+        there, snapshot ``base`` (``(root, version)`` the bank was restored from, if any) plus the
+        whole log of ``root``; without either, the whole log.
+
+        Returns
+        -------
+        dict
+            ``rows`` read from a snapshot, delta ``records`` applied, the snapshot ``version`` used
+            (-1 for none) and the ``seconds`` it took.
+        """
+        from storage.errors import StoreNotFoundError
+        from storage.snapshots import read_manifest
+
+        t0 = time.perf_counter()
+        try:
+            read_manifest(root)
+        except StoreNotFoundError:
+            rows, version = 0, -1
+            if base is not None:
+                rows = int(self.restore(base[0], int(base[1]), replay_log=False)["rows"])
+            applied = self._replay(root, None, {})
+            if self._log is not None:
+                self._log_makers()
+        else:
+            done = self.restore(root, None, replay_log=True)
+            rows, applied, version = int(done["rows"]), int(done["records"]), int(read_manifest(root)["version"])
+        out = {"rows": rows, "records": applied, "version": version, "seconds": time.perf_counter() - t0}
+        logger.info("shard %d re-homed from %s: %s", self.core.shard, root, out)
+        return out
+
+    @_locked
+    def retire(self, reason: str) -> int:
+        """Stop serving (its worker is closing): close the delta log; later calls raise ShardLostError.
+
+        Every acknowledged batch is already in the log, so a new shard restored from the store holds
+        all of them. Returns the log's last sequence number.
+        """
+        seq = int(self._log.seq) if self._log is not None else 0
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        self._retired = reason
+        logger.info("shard %d retired at delta record %d: %s", self.core.shard, seq, reason)
+        return seq
 
     def _buckets(self, keys: np.ndarray) -> np.ndarray:
         from carls_dask.bank.hashing import bucket_of

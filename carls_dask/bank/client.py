@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from carls_dask import config
 from carls_dask.bank.actor import BankShard
 from carls_dask.bank.core import LookupResult
 from carls_dask.bank.hashing import bucket_of, to_int64_keys
+from carls_dask.bank.rehoming import adopt_or_rehome, is_lost, watched, with_op_ids
 from carls_dask.bank.sampling import NegativeSample, order_by_frequency, sample_candidates
 from carls_dask.bank.schema import TableSpec, check_batch_size, coerce_column_values, unknown_table
 from storage.errors import (
@@ -51,6 +53,18 @@ def _owner_map(buckets: int, n_shards: int) -> np.ndarray:
     return (np.arange(buckets) % n_shards).astype(np.int32)
 
 
+class _Failed:
+    """A shard call that raised (kept apart so that the other shards' answers are not lost)."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __await__(self) -> Any:  # awaiting a call that could not even be issued raises its error
+        raise self.exc
+
+
 class KnowledgeBank:
     """A sharded knowledge bank: one :class:`~carls_dask.bank.actor.BankShard` actor per shard.
 
@@ -79,6 +93,7 @@ class KnowledgeBank:
         self.timeout = float(timeout)
         self._futures = list(futures)
         self.log_root = log_root
+        self.rehome_timeout = config.get_seconds("bank.rehome-timeout")
         self._closed = False
 
     # -- construction -------------------------------------------------------------------------------
@@ -185,8 +200,21 @@ class KnowledgeBank:
         except TimeoutError as exc:
             raise DeadlineExceeded(f"bank {name!r}: shards did not start within {timeout:g} s") from exc
         logger.info("bank %s: %d shards on %s", name, n, sorted({addrs[s % len(addrs)] for s in range(n)}))
+        cls._publish(client, name, handles, specs, owner, buckets, initial_capacity, log_root, log_sync)
         return cls(handles, specs, buckets=buckets, owner=owner, name=name, timeout=timeout,
                    futures=futures, log_root=log_root)
+
+    @staticmethod
+    def _publish(client: Any, name: str, handles: Sequence[Any], specs: Sequence[TableSpec], owner: np.ndarray,
+                 buckets: int, initial_capacity: int, log_root: str | None, log_sync: bool) -> None:
+        """Store the shard table for re-homing (see :mod:`carls_dask.bank.rehoming`)."""
+        from carls_dask.bank.rehoming import install_walltime_plugin, publish_table
+
+        publish_table(client, name, handles, [t.to_json() for t in specs],
+                      [np.flatnonzero(owner == s).tolist() for s in range(len(handles))],
+                      buckets=buckets, initial_capacity=initial_capacity, log_root=log_root, log_sync=log_sync)
+        if log_root is not None:
+            install_walltime_plugin(client)
 
     # -- pickling -----------------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -269,9 +297,10 @@ class KnowledgeBank:
         after the remote calls have been issued.
         """
         self._check_open()
+        calls = with_op_ids(calls)
         local = {s: self._local_shard(s) for s in {c[0] for c in calls}}
         pending = [
-            (s, None if local[s] is not None else getattr(self._shards[s], method)(*args, **kwargs))
+            (s, None if local[s] is not None else self._issue(s, method, args, kwargs))
             for s, method, args, kwargs in calls
         ]
         direct = {
@@ -284,26 +313,63 @@ class KnowledgeBank:
         answers: dict[int, Any] = dict(direct)
         if remote:
             answers.update(zip([i for i, _, _ in remote], self._wait(remote, limit), strict=True))
+            if any(isinstance(a, _Failed) for a in answers.values()):
+                self._recover(calls, answers, limit)
         return [answers[i] for i in range(len(calls))]
 
+    def _issue(self, s: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Send one call to shard ``s``; a handle whose actor is already known lost fails here."""
+        try:
+            return getattr(self._shards[s], method)(*args, **kwargs)
+        except Exception as exc:
+            return _Failed(exc)
+
+    def _recover(self, calls: Sequence[tuple[int, str, tuple[Any, ...], dict[str, Any]]],
+                 answers: dict[int, Any], limit: float) -> None:
+        """Re-home the shards of failed calls whose worker is gone and retry those calls (same op ids).
+
+        Waits at most ``carls.bank.rehome-timeout`` per shard; errors that do not mean a lost shard
+        are raised as they are.
+        """
+        for i, answer in sorted(answers.items()):
+            if not isinstance(answer, _Failed):
+                continue
+            s, method, args, kwargs = calls[i]
+            exc = answer.exc
+            deadline = time.monotonic() + self.rehome_timeout
+            while True:
+                if not is_lost(exc):
+                    raise self._shard_error(s, exc, limit) from exc
+                handle = adopt_or_rehome(self, s, exc, deadline)
+                if handle is None:  # the shard's worker is alive: the error stands
+                    raise self._shard_error(s, exc, limit) from exc
+                try:
+                    answers[i] = getattr(handle, method)(*args, **kwargs).result(
+                        timeout=max(0.1, min(limit, deadline - time.monotonic())))
+                    break
+                except Exception as again:
+                    if time.monotonic() >= deadline:
+                        raise ShardLostError(
+                            f"bank {self.name!r}: shard {s} was not back within carls.bank.rehome-timeout "
+                            f"({self.rehome_timeout:g}s): {again!r}") from again
+                    exc = again
+
     def _wait(self, remote: Sequence[tuple[int, int, Any]], limit: float) -> list[Any]:
-        """Wait for all actor futures in one hop to the event loop; map failures to bank errors."""
+        """Wait for all actor futures in one hop to the event loop; failures come back as ``_Failed``."""
 
         async def one(fut: Any) -> Any:
             return await fut
 
         async def all_of() -> list[Any]:
             return await asyncio.gather(
-                *(asyncio.wait_for(one(fut), limit) for _, _, fut in remote), return_exceptions=True
+                *(watched(one(fut), self._shards[s], limit) for _, s, fut in remote), return_exceptions=True
             )
 
         handle = self._shards[remote[0][1]]
         results = handle._sync(all_of)
         out = []
-        for (_, s, _), res in zip(remote, results, strict=True):
-            if isinstance(res, BaseException):
-                raise self._shard_error(s, res, limit) from res
-            out.append(res)
+        for res in results:
+            out.append(_Failed(res) if isinstance(res, BaseException) else res)
         return out
 
     def _shard_error(self, s: int, exc: BaseException, limit: float) -> BaseException:
@@ -539,7 +605,10 @@ class KnowledgeBank:
                 tot = totals.setdefault(t, {"rows": 0, "bytes_allocated": 0, "bytes_used": 0})
                 for f in tot:
                     tot[f] += int(info[f])
-        return {"name": self.name, "n_shards": self.n_shards, "buckets": self.buckets, "shards": per, "tables": totals}
+        from carls_dask.bank.rehoming import rehome_stats
+
+        return {"name": self.name, "n_shards": self.n_shards, "buckets": self.buckets, "shards": per, "tables": totals,
+                "rehoming": rehome_stats(self)}
 
     def set_step(self, step: int) -> None:
         """Tell every shard the current training step (recorded with delta-log records)."""
@@ -624,6 +693,10 @@ class KnowledgeBank:
         except BaseException:
             bank.close()
             raise
+        if log_root is not None and str(log_root) != str(root):
+            from carls_dask.bank.rehoming import set_base
+
+            set_base(client, bank.name, str(root), int(man["version"]))
         logger.info("bank %s restored from v%d of %s: %s", bank.name, man["version"], root, done)
         return bank
 
@@ -636,6 +709,10 @@ class KnowledgeBank:
                 self._call([(s, "close", (), {}) for s in range(self.n_shards)])
         finally:
             self._closed = True
+            if self._futures:
+                from carls_dask.bank.rehoming import forget_table
+
+                forget_table(self)
             for f in self._futures:
                 f.release()
             self._futures = []

@@ -1,0 +1,471 @@
+"""Re-homing of bank shards whose worker went away (killed, lost, or closing at its walltime).
+
+The bank's current shard table lives in the scheduler, in a named :class:`distributed.Variable`
+(``carls-bank-<name>``): per shard the actor's key, its worker and a generation number, plus what
+is needed to start a shard again (table specs, buckets, the store folder). Every pickled copy of a
+:class:`~carls_dask.bank.client.KnowledgeBank` (the creator's, and each one inside a trainer or
+maker task) holds its own actor handles. When a call fails because the shard's worker is gone,
+that copy:
+
+1. takes the bank's named :class:`distributed.Lock` (within ``carls.bank.rehome-timeout``);
+2. re-reads the table: if another copy already re-homed the shard, it adopts the new actor;
+3. otherwise it starts a new :class:`~carls_dask.bank.actor.BankShard` actor on a live worker,
+   which rebuilds itself from the bank store (newest snapshot plus the delta log after it), keeps
+   the actor alive through a per-shard Variable that holds its future, and publishes the new table;
+4. retries the failed call on the new actor with the same operation id.
+
+Guarantees: every acknowledged write is in the shard's delta log before the call returns, so the
+new shard holds it. A mutating batch carries an operation id that the shard logs with its rows; a
+batch that was logged but whose answer was lost with the old process is recognised on the retry and
+not applied twice (``apply_gradients`` is not re-applied, ``lookup(insert=True)`` does not count the
+keys again). A batch that never reached the log is simply applied on the retry. Batches of a
+co-located task die with the task.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from carls_dask import config
+from storage.errors import DeadlineExceeded, LifecycleError, ShardLostError
+
+__all__ = [
+    "MUTATING",
+    "adopt_or_rehome",
+    "forget_table",
+    "is_lost",
+    "new_op_id",
+    "publish_table",
+    "read_table",
+    "rehome_stats",
+    "with_op_ids",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Shard methods that change state; the client gives each such call an operation id.
+MUTATING = frozenset({"update", "apply_gradients", "delete", "lookup"})
+_LOOKUP_INSERT_ARG = 3  # position of ``insert`` in BankShard.lookup's arguments after ``self``
+_EVENTS_KEPT = 20
+
+
+def new_op_id() -> int:
+    """A random positive 63-bit operation id."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
+def with_op_ids(
+    calls: Sequence[tuple[int, str, tuple[Any, ...], dict[str, Any]]],
+) -> list[tuple[int, str, tuple[Any, ...], dict[str, Any]]]:
+    """The calls with an ``op_id`` keyword on every mutating one (one id per batch, shared by its shards)."""
+    op: int | None = None
+    out = []
+    for s, method, args, kwargs in calls:
+        mutating = method in MUTATING and (method != "lookup" or bool(args[_LOOKUP_INSERT_ARG]))
+        if mutating and "op_id" not in kwargs:
+            if op is None:
+                op = new_op_id()
+            kwargs = {**kwargs, "op_id": op}
+        out.append((s, method, args, kwargs))
+    return out
+
+
+def table_name(bank_name: str) -> str:
+    """Name of the Variable holding the bank's shard table."""
+    return f"carls-bank-{bank_name}"
+
+
+def _lock_name(bank_name: str) -> str:
+    return f"carls-bank-{bank_name}-rehome"
+
+
+def _holder_name(bank_name: str, shard: int) -> str:
+    return f"carls-bank-{bank_name}-shard-{shard}"
+
+
+def _client(bank: Any) -> Any:
+    from distributed import get_client
+
+    client = vars(bank).get("_dask_client")
+    if client is None:
+        client = getattr(next(iter(bank._shards), None), "_client", None)
+    return client if client is not None else get_client()
+
+
+def publish_table(
+    client: Any,
+    name: str,
+    handles: Sequence[Any],
+    tables: Sequence[Mapping[str, Any]],
+    owned: Sequence[Sequence[int]],
+    *,
+    buckets: int,
+    initial_capacity: int,
+    log_root: str | None,
+    log_sync: bool,
+    base: tuple[str, int] | None = None,
+) -> dict[str, Any]:
+    """Store a new bank's shard table (generation 0) in the scheduler; returns it."""
+    from distributed import Variable
+
+    table = {
+        "name": name,
+        "keys": [str(h.key) for h in handles],
+        "addresses": [str(h._address) for h in handles],
+        "generation": [0] * len(handles),
+        "tables": [dict(t) for t in tables],
+        "owned": [[int(b) for b in o] for o in owned],
+        "buckets": int(buckets),
+        "initial_capacity": int(initial_capacity),
+        "log_root": None if log_root is None else str(log_root),
+        "log_sync": bool(log_sync),
+        "base": None if base is None else [str(base[0]), int(base[1])],
+        "rehomed": 0,
+        "events": [],
+    }
+    Variable(table_name(name), client=client).set(table)
+    return table
+
+
+def read_table(client: Any, name: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The bank's current shard table.
+
+    Raises
+    ------
+    LifecycleError
+        If the scheduler holds no table for the bank (closed, or created on another scheduler).
+    """
+    from distributed import Variable
+
+    try:
+        stored = Variable(table_name(name), client=client).get(timeout=timeout)
+    except TimeoutError as exc:
+        raise LifecycleError(f"bank {name!r}: the scheduler holds no shard table "
+                             f"(Variable {table_name(name)!r}); expected one set by KnowledgeBank.create") from exc
+    table: dict[str, Any] = dict(stored)
+    for field in ("keys", "addresses", "generation", "events"):  # msgpack gives tuples back
+        table[field] = list(table[field])
+    return table
+
+
+def set_base(client: Any, name: str, root: str, version: int) -> None:
+    """Record the snapshot a restored bank started from (used when its store has no snapshot yet)."""
+    from distributed import Variable
+
+    table = read_table(client, name)
+    table["base"] = [str(root), int(version)]
+    Variable(table_name(name), client=client).set(table)
+
+
+def forget_table(bank: Any) -> None:
+    """Delete the bank's table and the holders of re-homed shards (at close)."""
+    from distributed import Variable
+
+    try:
+        client = _client(bank)
+        table = read_table(client, bank.name, timeout=2.0)
+        for s, gen in enumerate(table["generation"]):
+            if gen:
+                Variable(_holder_name(bank.name, s), client=client).delete()
+        Variable(table_name(bank.name), client=client).delete()
+    except Exception:  # closing: nothing to report the failure to but the log
+        logger.debug("bank %s: could not delete its shard table", bank.name, exc_info=True)
+
+
+def rehome_stats(bank: Any) -> dict[str, Any]:
+    """Re-homings of the bank so far: ``count``, ``generation`` per shard and the newest ``events``."""
+    try:
+        table = read_table(_client(bank), bank.name, timeout=2.0)
+    except LifecycleError:
+        return {"count": 0, "generation": [0] * bank.n_shards, "events": []}
+    return {"count": int(table["rehomed"]), "generation": list(table["generation"]), "events": list(table["events"])}
+
+
+def is_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` from a shard call may mean the shard's worker is gone (then the scheduler is asked).
+
+    Dask raises ``RuntimeError("Worker holding Actor was lost ...")`` for a handle whose actor
+    future failed, ``OSError("Unable to contact Actor's worker")`` (or a ``CommClosedError``)
+    when the connection breaks, and the actor future's own error or a cancellation while a call
+    waits on it. The bank's own errors (bad input, store errors) never mean a lost shard.
+    """
+    import asyncio
+
+    from distributed.scheduler import KilledWorker
+
+    from storage.errors import CarlsError
+
+    if isinstance(exc, ShardLostError):
+        return True
+    if isinstance(exc, CarlsError):
+        return False
+    return isinstance(exc, OSError | RuntimeError | asyncio.CancelledError | KilledWorker | TimeoutError)
+
+
+_WATCH_INTERVAL = 0.5  # seconds between checks of a waited-on shard's actor future
+
+
+def _gone(handle: Any) -> bool:
+    future = getattr(handle, "_future", None)
+    return future is not None and future.status not in ("finished", "pending")
+
+
+async def watched(awaitable: Any, handle: Any, limit: float) -> Any:
+    """Await a shard call for at most ``limit`` seconds, failing early if the shard's actor is lost.
+
+    A call in flight when its worker dies may never resolve (Dask leaves the call's future unset
+    when the actor's own future is cancelled), so while waiting the actor future's status is
+    checked every half second and the scheduler is asked every two seconds whether a worker still
+    holds the actor.
+    """
+    import asyncio
+
+    task = asyncio.ensure_future(awaitable)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limit
+    rounds = 0
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, min(_WATCH_INTERVAL, end - loop.time())))
+        if done:
+            return task.result()
+        rounds += 1
+        lost = _gone(handle)
+        if not lost and rounds % 4 == 0:  # every 2 s: does the scheduler still know the actor's worker?
+            try:
+                who = await handle._scheduler_rpc.who_has(keys=[handle.key])
+                lost = not who.get(handle.key)
+            except Exception:  # the scheduler did not answer: keep waiting for the call
+                logger.debug("who_has of %s failed", handle.key, exc_info=True)
+        if lost:
+            task.cancel()
+            raise ShardLostError(f"bank shard actor {handle.key}: its worker was lost while a call waited")
+        if loop.time() >= end:
+            task.cancel()
+            raise TimeoutError(f"no answer within {limit:g}s")
+
+
+def _actor_alive(client: Any, key: str) -> bool:
+    who = client.who_has([key])
+    return bool(who.get(key))
+
+
+def _live_workers(client: Any, exclude: Sequence[str]) -> list[str]:
+    info = client.scheduler_info(n_workers=-1).get("workers", {})
+    return sorted(a for a, w in info.items() if a not in exclude and w.get("status", "running") == "running")
+
+
+def adopt_or_rehome(bank: Any, s: int, failed: BaseException | None, deadline: float,
+                    *, exclude: Sequence[str] = (), reason: str | None = None) -> Any:
+    """Make ``bank._shards[s]`` a live actor again; returns the handle.
+
+    Another copy's re-homing is adopted; otherwise a new shard is started and restored (see the
+    module notes). ``deadline`` is a :func:`time.monotonic` time. Returns None when ``failed`` did
+    not come from a lost shard (its actor is still held by a live worker).
+
+    Raises
+    ------
+    ShardLostError
+        If the bank has no store to re-home from, or no live worker took the shard in time.
+    """
+    from distributed import Lock
+
+    client = _client(bank)
+    old = bank._shards[s]
+    left = deadline - time.monotonic()
+    lock = Lock(_lock_name(bank.name))
+    if not lock.acquire(timeout=max(0.1, left)):
+        raise ShardLostError(f"bank {bank.name!r}: shard {s} is being re-homed by another client and was not back "
+                             f"within carls.bank.rehome-timeout ({bank.rehome_timeout:g}s)")
+    try:
+        table = read_table(client, bank.name)
+        if table["keys"][s] != str(old.key):  # another copy re-homed it already
+            handle = _handle(table["keys"][s], table["addresses"][s])
+            bank._shards[s] = handle
+            logger.info("bank %s: shard %d adopted at %s (generation %d)", bank.name, s, table["addresses"][s],
+                        table["generation"][s])
+            return handle
+        if failed is not None and not isinstance(failed, ShardLostError) and _actor_alive(client, str(old.key)):
+            return None  # the worker is alive: not a lost shard
+        return _rehome(bank, client, table, s, deadline, exclude=exclude,
+                       reason=reason or (repr(failed) if failed is not None else "lost"))
+    finally:
+        lock.release()
+
+
+def _handle(key: str, address: str) -> Any:
+    from distributed.actor import Actor
+
+    from carls_dask.bank.actor import BankShard
+
+    return Actor(BankShard, address, key)
+
+
+def _rehome(bank: Any, client: Any, table: dict[str, Any], s: int, deadline: float,
+            *, exclude: Sequence[str], reason: str) -> Any:
+    from distributed import Variable
+
+    from carls_dask.bank.actor import BankShard
+
+    name = bank.name
+    root = table["log_root"]
+    if root is None:
+        raise ShardLostError(f"bank {name!r}: shard {s} was lost ({reason}) and cannot be re-homed: the bank has no "
+                             "store to restore it from; create it with log_root=... (KnowledgeBank.create)")
+    t0 = time.monotonic()
+    dead = table["addresses"][s]
+    logger.warning("bank %s: shard %d on %s lost (%s); re-homing from %s", name, s, dead, reason, root)
+    workers: list[str] = []
+    while not workers:
+        workers = _live_workers(client, [dead, *exclude])
+        if workers:
+            break
+        if time.monotonic() >= deadline:
+            raise ShardLostError(f"bank {name!r}: shard {s} lost and no live worker joined within "
+                                 f"carls.bank.rehome-timeout ({bank.rehome_timeout:g}s)")
+        time.sleep(0.2)
+    load = {w: sum(a == w for i, a in enumerate(table["addresses"]) if i != s) for w in workers}
+    target = min(workers, key=lambda w: (load[w], w))
+    gen = int(table["generation"][s]) + 1
+    fut = client.submit(
+        BankShard, table["tables"], s, len(table["keys"]), table["buckets"], table["owned"][s],
+        table["initial_capacity"], root, table["log_sync"],
+        actor=True, workers=[target], allow_other_workers=False, key=f"{name}-shard-{s}-g{gen}", pure=False,
+    )
+    try:
+        handle = fut.result(timeout=max(0.1, deadline - time.monotonic()))
+        base = tuple(table["base"]) if table["base"] else None
+        info = handle.rehome_restore(root, base).result(timeout=max(0.1, deadline - time.monotonic()))
+    except TimeoutError as exc:
+        fut.release()
+        raise DeadlineExceeded(f"bank {name!r}: re-homed shard {s} was not restored on {target} within "
+                               f"carls.bank.rehome-timeout ({bank.rehome_timeout:g}s)") from exc
+    except BaseException:
+        fut.release()
+        raise
+    Variable(_holder_name(name, s), client=client).set(fut)  # keeps the new actor alive for every copy
+    fut.release()
+    pause = time.monotonic() - t0
+    table["keys"][s] = str(handle.key)
+    table["addresses"][s] = target
+    table["generation"][s] = gen
+    table["rehomed"] = int(table["rehomed"]) + 1
+    event = {"shard": s, "generation": gen, "from": dead, "to": target, "reason": reason[:200],
+             "rows": int(info["rows"]), "records": int(info["records"]), "version": int(info["version"]),
+             "restore_s": float(info["seconds"]), "rehome_s": pause, "time": time.time()}
+    table["events"] = [*table["events"], event][-_EVENTS_KEPT:]
+    Variable(table_name(name), client=client).set(table)
+    bank._shards[s] = handle
+    logger.warning("bank %s: shard %d re-homed %s -> %s (generation %d, %d rows + %d delta records, %.2fs)",
+                   name, s, dead, target, gen, info["rows"], info["records"], pause)
+    return handle
+
+
+def retire_worker_shards(worker: Any, reason: str, timeout: float | None = None) -> list[dict[str, Any]]:
+    """Re-home every bank shard living on ``worker`` before it closes (walltime, scale-down).
+
+    Each shard stops serving and closes its delta log (every acknowledged batch is in it), then a
+    new shard restored from the store takes its place on another worker. Runs in a thread of the
+    closing worker (not its event loop). Returns the re-homing events.
+    """
+    from carls_dask.bank.actor import BankShard
+
+    limit = config.get_seconds("bank.rehome-timeout", timeout)
+    client = worker._get_client()
+    out = []
+    for key, obj in list(worker.state.actors.items()):
+        if not isinstance(obj, BankShard):
+            continue
+        name = _bank_of(str(key))
+        if name is None:
+            continue
+        try:
+            read_table(client, name, timeout=2.0)
+        except LifecycleError:
+            continue  # the bank was closed: nothing to keep
+        obj.retire(reason)
+        view = _View(name, obj.core.shard, _handle(str(key), worker.address), limit, client)
+        adopt_or_rehome(view, obj.core.shard, None, time.monotonic() + limit, exclude=[worker.address],
+                        reason=reason)
+        out.append(rehome_stats(view)["events"][-1])
+    return out
+
+
+class WalltimePlugin(WorkerPlugin):
+    """Worker plugin: a worker with a ``lifetime`` (dask-jobqueue's ``--lifetime``, or
+    ``distributed.worker.lifetime.duration``) re-homes its bank shards ``carls.bank.walltime-margin``
+    before that lifetime ends, while it still serves; the graceful close then loses nothing.
+
+    Dask cannot move actors when it retires a worker, so without this the shards would be lost with
+    the worker. The lifetime is counted from the worker process's start (a little early at worst).
+    """
+
+    name = "carls-bank-walltime"
+
+    def __init__(self, margin: float | str | None = None) -> None:
+        self.margin = config.get_seconds("bank.walltime-margin", margin)
+        self.limit = config.get_seconds("bank.rehome-timeout")
+        self._timer: Any = None
+        self._task: Any = None
+
+    def setup(self, worker: Any) -> None:
+        """Schedule the re-homing when the worker has a lifetime."""
+        import psutil
+
+        lifetime = getattr(worker, "lifetime", None)
+        if not lifetime:
+            return
+        left = psutil.Process().create_time() + float(lifetime) - self.margin - time.time()
+        import asyncio
+
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, left), self._fire, worker)
+        logger.info("worker %s: bank shards re-homed in %.1fs (lifetime %.1fs, margin %.1fs)",
+                    worker.address, max(0.0, left), lifetime, self.margin)
+
+    def _fire(self, worker: Any) -> None:
+        import asyncio
+
+        async def run() -> None:
+            try:
+                events = await asyncio.to_thread(retire_worker_shards, worker, "worker lifetime ends", self.limit)
+            except Exception:
+                logger.exception("worker %s: re-homing its bank shards before its lifetime ends failed",
+                                 worker.address)
+            else:
+                if events:
+                    logger.warning("worker %s: re-homed %d bank shard(s) before its lifetime ends",
+                                   worker.address, len(events))
+
+        self._task = asyncio.ensure_future(run())
+
+    def teardown(self, worker: Any) -> None:
+        """Cancel the timer."""
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+def install_walltime_plugin(client: Any) -> None:
+    """Register :class:`WalltimePlugin` on every current and future worker (idempotent)."""
+    client.register_plugin(WalltimePlugin(), name=WalltimePlugin.name)
+
+
+def _bank_of(key: str) -> str | None:
+    """The bank name in a shard actor's key (``<bank>-shard-<s>`` or ``<bank>-shard-<s>-g<gen>``)."""
+    head, sep, _ = key.rpartition("-shard-")
+    return head if sep else None
+
+
+class _View:
+    """Just enough of a KnowledgeBank for :func:`adopt_or_rehome` (used where no client copy exists)."""
+
+    def __init__(self, name: str, shard: int, handle: Any, limit: float, client: Any) -> None:
+        self.name = name
+        self.rehome_timeout = limit
+        self._shards = {shard: handle}
+        self._dask_client = client
+        self.n_shards = shard + 1

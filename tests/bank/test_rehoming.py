@@ -1,0 +1,205 @@
+"""Shard re-homing: the worker holding a bank shard is killed (SIGKILL) and the shard comes back.
+
+A real two-worker LocalCluster of its own (the tests kill its workers); the nannies restart the
+killed processes. Every acknowledged write is recorded and read back after the recovery.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import dask
+import numpy as np
+import pytest
+
+from carls_dask.bank import Column, KnowledgeBank, TableSpec
+from carls_dask.errors import ShardLostError
+
+REHOME_TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    from distributed import LocalCluster
+
+    with dask.config.set({"carls.bank.rehome-timeout": f"{REHOME_TIMEOUT:g}s"}):
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                          dashboard_address=":0") as c:
+            yield c
+
+
+@pytest.fixture
+def client(cluster: Any) -> Iterator[Any]:
+    from distributed import Client
+
+    with dask.config.set({"carls.bank.rehome-timeout": f"{REHOME_TIMEOUT:g}s"}):
+        with Client(cluster, direct_to_workers=True) as c:
+            c.wait_for_workers(2, timeout=60)
+            yield c
+
+
+def table() -> TableSpec:
+    return TableSpec("nodes", columns=(Column("embedding", shape=(4,)),), optimizer="sgd", learning_rate=0.5,
+                     initializer="zeros", init_scale=0.0)
+
+
+def workers(client: Any) -> list[str]:
+    return sorted(client.scheduler_info(n_workers=-1)["workers"])
+
+
+def kill_worker(client: Any, address: str) -> int:
+    """SIGKILL the worker process at ``address``; returns its pid."""
+    pid = client.run(os.getpid, workers=[address])[address]
+    os.kill(pid, signal.SIGKILL)
+    return int(pid)
+
+
+def wait_gone(client: Any, address: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while address in workers(client):
+        assert time.monotonic() < deadline, f"worker {address} still registered {timeout}s after SIGKILL"
+        time.sleep(0.1)
+
+
+def keys_of_shard(bank: KnowledgeBank, shard: int, n: int) -> np.ndarray:
+    cand = np.arange(1, 50 * n + 1, dtype=np.int64)
+    return cand[bank.shard_of(cand) == shard][:n]
+
+
+def test_killed_shard_comes_back_with_every_acknowledged_write(client: Any, tmp_path: pathlib.Path) -> None:
+    a, b = workers(client)
+    bank = KnowledgeBank.create(client, [table()], n_shards=2, buckets=64, workers=[a, b], name="kill-main",
+                                log_root=str(tmp_path / "bank"))
+    try:
+        k0, k1 = keys_of_shard(bank, 0, 20), keys_of_shard(bank, 1, 20)
+        keys = np.concatenate([k0, k1])
+        acked: dict[int, np.ndarray] = {}
+        for i in range(5):  # updates on both shards, recorded once acknowledged
+            vals = np.full((keys.size, 4), float(i), np.float32) + keys[:, None]
+            assert bank.update("nodes", keys, {"embedding": vals}) == keys.size
+            acked.update({int(k): v for k, v in zip(keys, vals, strict=True)})
+        bank.snapshot(str(tmp_path / "bank"), step=5)
+        grads = np.ones((keys.size, 4), np.float32)
+        for _ in range(3):  # gradient steps after the snapshot: only in the delta log
+            assert bank.apply_gradients("nodes", keys, grads).all()
+            acked = {k: v - 0.5 for k, v in acked.items()}
+        kill_worker(client, a)
+        wait_gone(client, a)
+        # the next call finds shard 0 lost, re-homes it on a live worker and is retried there
+        assert bank.apply_gradients("nodes", keys, grads).all()
+        acked = {k: v - 0.5 for k, v in acked.items()}
+        got = bank.lookup("nodes", keys)
+        assert got.found.all()
+        np.testing.assert_array_equal(got.values["embedding"], np.stack([acked[int(k)] for k in keys]))
+        stats = bank.stats()["rehoming"]
+        assert stats["count"] == 1 and stats["generation"] == [1, 0]
+        event = stats["events"][0]
+        assert event["shard"] == 0 and event["from"] == a and event["to"] != a
+        assert event["rows"] == k0.size and event["records"] >= 3  # snapshot rows, then the 3 logged steps
+        assert event["rehome_s"] < REHOME_TIMEOUT
+    finally:
+        bank.close()
+
+
+def _writer(bank: KnowledgeBank, keys: np.ndarray, batches: int, progress: str) -> dict[str, Any]:
+    """A task: write batch i (value i) to every key, record what was acknowledged, and when.
+
+    Like the runtime's loops it leaves the worker's thread pool, so the worker can start a shard.
+    """
+    from distributed import Variable, secede
+
+    secede()
+    var = Variable(progress)
+    acked, times = [], []
+    for i in range(batches):
+        bank.update("nodes", keys, {"embedding": np.full((keys.size, 4), float(i), np.float32)}, model_step=i)
+        acked.append(i)
+        times.append(time.monotonic())
+        var.set(i)
+        time.sleep(0.02)
+    gaps = np.diff(times) if len(times) > 1 else np.zeros(1)
+    return {"acked": acked, "max_gap": float(gaps.max()), "rehoming": bank.stats()["rehoming"]}
+
+
+@pytest.mark.slow
+def test_a_task_copy_rehomes_while_writing_and_the_creator_adopts(client: Any, tmp_path: pathlib.Path) -> None:
+    from distributed import Variable
+
+    a, b = workers(client)
+    bank = KnowledgeBank.create(client, [table()], n_shards=2, buckets=64, workers=[a, b], name="kill-task",
+                                log_root=str(tmp_path / "bank"))
+    try:
+        keys = np.concatenate([keys_of_shard(bank, 0, 8), keys_of_shard(bank, 1, 8)])
+        progress = "rehoming-test-progress"
+        fut = client.submit(_writer, bank, keys, 150, progress, workers=[b], pure=False)
+        var = Variable(progress, client=client)
+        deadline = time.monotonic() + 60
+        while True:  # kill shard 0's worker while the writer runs
+            try:
+                if int(var.get(timeout=1)) >= 20:
+                    break
+            except TimeoutError:
+                pass
+            assert time.monotonic() < deadline and not fut.done(), "the writer made no progress"
+        killed_at = int(var.get(timeout=5))
+        kill_worker(client, a)
+        out = fut.result(timeout=REHOME_TIMEOUT + 60)
+        assert out["acked"] == list(range(150))
+        assert out["acked"][-1] > killed_at  # the writer carried on after the kill
+        assert out["max_gap"] < REHOME_TIMEOUT  # the pause was bounded by the configured deadline
+        assert out["rehoming"]["count"] == 1
+        # the creator's copy still holds the dead handle: it adopts the re-homed shard
+        got = bank.lookup("nodes", keys)
+        assert got.found.all()
+        np.testing.assert_array_equal(got.values["embedding"], np.full((keys.size, 4), 149.0, np.float32))
+        np.testing.assert_array_equal(got.model_step, np.full(keys.size, 149))
+        assert bank.stats()["rehoming"]["count"] == 1
+    finally:
+        bank.close()
+
+
+def test_a_retried_batch_is_not_applied_twice(client: Any, tmp_path: pathlib.Path) -> None:
+    """A batch logged by the old shard whose answer was lost is recognised on the new shard."""
+    a, _ = workers(client)
+    bank = KnowledgeBank.create(client, [table()], n_shards=1, buckets=16, workers=[a], name="kill-retry",
+                                log_root=str(tmp_path / "bank"))
+    try:
+        keys = np.arange(1, 9, dtype=np.int64)
+        bank.update("nodes", keys, {"embedding": np.zeros((8, 4), np.float32)})
+        grads = {"embedding": np.ones((8, 4), np.float32)}
+        op = 12345
+        call = [(0, "apply_gradients", ("nodes", keys, grads, "embedding", None), {"op_id": op})]
+        assert bank._call(call)[0].all()
+        assert bank._call(call)[0].all()  # same shard, same op id: answered, not applied again
+        kill_worker(client, a)
+        wait_gone(client, a)
+        # the same batch again, as a client retries it after the re-homing: the log knows the op id
+        assert bank._call(call)[0].all()
+        np.testing.assert_array_equal(bank.lookup("nodes", keys).values["embedding"],
+                                      np.full((8, 4), -0.5, np.float32))
+        # a new batch is applied
+        assert bank.apply_gradients("nodes", keys, grads).all()
+        np.testing.assert_array_equal(bank.lookup("nodes", keys).values["embedding"],
+                                      np.full((8, 4), -1.0, np.float32))
+        assert bank.stats()["rehoming"]["count"] == 1
+    finally:
+        bank.close()
+
+
+def test_a_bank_without_a_store_cannot_rehome_and_says_why(client: Any) -> None:
+    a, _ = workers(client)
+    bank = KnowledgeBank.create(client, [table()], n_shards=1, buckets=16, workers=[a], name="kill-nostore")
+    keys = np.arange(1, 5, dtype=np.int64)
+    bank.update("nodes", keys, {"embedding": np.zeros((4, 4), np.float32)})
+    kill_worker(client, a)
+    wait_gone(client, a)
+    with pytest.raises(ShardLostError, match="log_root"):
+        bank.lookup("nodes", keys)
+    bank._closed = True  # its only shard is gone: nothing to close
+    for f in bank._futures:
+        f.release()
