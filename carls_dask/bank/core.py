@@ -469,6 +469,8 @@ class ShardCore:
         checked = {name: coerce_column_values(table, t.spec.column(name), v, n) for name, v in values.items()}
         if isinstance(model_step, bool) or not isinstance(model_step, int | np.integer):
             raise InvalidDTypeError(f"table {table!r}: model_step must be an int, got {model_step!r}")
+        if not isinstance(maker, str):
+            raise InvalidDTypeError(f"table {table!r}: maker must be a str, got {type(maker).__name__}")
         code = self.maker_code(maker)
         now = self.clock()
         rev_uniq, rev_first = np.unique(k[::-1], return_index=True)
@@ -622,6 +624,8 @@ class ShardCore:
         seed: int | None = None,
     ) -> NegativeSample:
         """Sample candidates from this shard's keys (see :func:`carls_dask.bank.sampling.sample_candidates`)."""
+        if isinstance(n, bool) or not isinstance(n, int | np.integer):
+            raise InvalidDTypeError(f"table {table!r}: sample size must be an int, got {n!r}")
         keys, freq = self.keys_and_frequency(table)
         tk = None if true_keys is None else check_keys(table, true_keys, allow_empty=True)
         return sample_candidates(

@@ -69,6 +69,10 @@ def to_int64_keys(keys: Any, table: str = "?") -> np.ndarray:
     if isinstance(keys, str | bytes):
         raise InvalidShapeError(f"table {table!r}: keys must be a batch (1-D array or list), got a single {type(keys).__name__}")
     arr = np.asarray(keys) if not isinstance(keys, np.ndarray) else keys
+    if arr.dtype.kind in "US" and not isinstance(keys, np.ndarray) and arr.ndim == 1 \
+            and not all(isinstance(k, str) for k in keys):  # numpy turns [1, "a"] into strings
+        kinds = sorted({type(k).__name__ for k in keys})
+        raise InvalidDTypeError(f"table {table!r}: keys must be all int64 or all str; got a mix of {kinds}")
     if arr.dtype.kind in "UO" and arr.ndim == 1 and all(isinstance(k, str) for k in arr.tolist()):
         return np.fromiter((hash_string(k) for k in arr.tolist()), dtype=np.int64, count=arr.size)
     if arr.dtype.kind == "O":
