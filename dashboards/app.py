@@ -38,6 +38,11 @@ def _serve_stylesheets_locally() -> None:
 _serve_stylesheets_locally()
 
 if not pn.state.cache.get("carls-warm"):
+    # Import datashader here, not in the thread below: its optional imports (dask.dataframe) may fail
+    # and leave sys.modules while Panel walks it after running this script, which then fails the page.
+    import datashader
+    import datashader.transfer_functions  # noqa: F401
+
     # Compile the projection's aggregation once per server process, off the event loop.
     pn.state.cache["carls-warm"] = threading.Thread(target=plots.warm_up, name="datashader-warm-up", daemon=True)
     pn.state.cache["carls-warm"].start()

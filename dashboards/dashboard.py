@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import pathlib
+import threading
 import time
 from collections.abc import Callable
 
@@ -34,6 +36,33 @@ def run_path_from(argv: list[str], environ: dict[str, str] | None = None) -> pat
     if env.get(RUN_ENV):
         return pathlib.Path(env[RUN_ENV])
     return None
+
+
+#: Niceness of the threads that read the run for the plots: when the machine is busy, the thread
+#: serving the page (and the headline figures and widget changes) gets the CPU first.
+PLOT_READER_NICENESS = 10
+
+_PLOT_READERS: list[concurrent.futures.ThreadPoolExecutor] = []
+_PLOT_READERS_LOCK = threading.Lock()
+
+
+def _lower_priority() -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PLOT_READER_NICENESS)  # this thread only (Linux)
+    except (AttributeError, OSError) as exc:  # not Linux, or not allowed: run at normal priority
+        logger.debug("plot reader keeps its priority: %s", exc)
+
+
+def _plot_readers() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads (shared by every page of this server) that read the run for the plots, at low priority."""
+    with _PLOT_READERS_LOCK:
+        if not _PLOT_READERS:
+            _PLOT_READERS.append(
+                concurrent.futures.ThreadPoolExecutor(
+                    max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="carls-plot-read", initializer=_lower_priority
+                )
+            )
+        return _PLOT_READERS[0]
 
 
 class Dashboard(pn.viewable.Viewer):
@@ -66,6 +95,7 @@ class Dashboard(pn.viewable.Viewer):
             view.eager = False  # read in the background by start(), never while the page is built
         self._slow_task: asyncio.Future[None] | None = None
         self._fast_task: asyncio.Future[None] | None = None
+        self._view_tasks: dict[int, asyncio.Future[None]] = {}
         self._slow_started = -float("inf")
         self._callback: pn.io.PeriodicCallback | None = None
 
@@ -99,15 +129,29 @@ class Dashboard(pn.viewable.Viewer):
             job()
 
     async def _refresh_plots(self, doc: Document | None) -> None:
-        """Read every view in a worker thread, then apply its queued figure updates on the page."""
+        """Read every view in its own worker thread, then apply its queued figure updates on the page.
+
+        A view still reading from an earlier round is left to finish (a slow drift computation does not
+        hold back the other views); the round ends when the views it started are done.
+        """
 
         def read(view: RunView) -> bool:
             with set_curdoc(doc):
                 return view.read()
 
-        for view in self.views:
-            if await asyncio.to_thread(read, view):
+        loop = asyncio.get_running_loop()
+
+        async def one(view: RunView) -> None:
+            if await loop.run_in_executor(_plot_readers(), read, view):
                 self._on_page(doc, view.flush)
+
+        started = []
+        for i, view in enumerate(self.views):
+            task = self._view_tasks.get(i)
+            if task is None or task.done():
+                self._view_tasks[i] = task = asyncio.ensure_future(one(view))
+                started.append(task)
+        await asyncio.gather(*started)
         self.plot_refreshes += 1
 
     async def _refresh_numbers(self, doc: Document | None) -> None:
@@ -130,11 +174,11 @@ class Dashboard(pn.viewable.Viewer):
         The callback itself does no work and awaits nothing, so the page's document lock is free while
         the run is read: the server goes on answering the browser, and updates land as small patches.
         The headline figures refresh on every tick; the plots at most every :attr:`plot_period`. A
-        refresh still running when the next one is due is skipped.
+        refresh (of the figures, or of one view's plots) still running when the next is due is skipped.
         """
         doc = pn.state.curdoc
         now = time.monotonic()
-        if (self._slow_task is None or self._slow_task.done()) and now - self._slow_started >= self.plot_period:
+        if now - self._slow_started >= self.plot_period:
             self._slow_started = now
             self._slow_task = asyncio.ensure_future(self._refresh_plots(doc))
         if self._fast_task is None or self._fast_task.done():

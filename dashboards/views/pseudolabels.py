@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 
 import numpy as np
 import panel as pn
@@ -46,7 +47,7 @@ class PseudoLabelView(RunView):
         self.summary = pn.pane.Markdown("", sizing_mode="stretch_width")
         self.threshold_slider = pn.widgets.FloatSlider.from_param(self.param.threshold, step=0.05, width=300)
         # A new threshold re-reads in a worker thread (in a served page) and updates the figures in place.
-        self.param.watch(lambda _e: in_background(self.read, self.flush), ["threshold", "bins"])
+        self.param.watch(lambda _e: in_background(self._rejudge, self.flush), ["threshold", "bins"])
         self._hist = LiveStackedBars("confidence histogram", "no pseudo labels yet", "confidence", name="pl-confidence")
         self._classes = LiveBars("per-class accuracy", "no held-out truth", "class", "accuracy", name="pl-classes")
         self._curve = LiveCurves("threshold curve", "no held-out truth", xlabel="threshold", name="pl-threshold")
@@ -55,6 +56,8 @@ class PseudoLabelView(RunView):
         )
         self._series = LiveCurves("precision / coverage reported by the run", "not written by this run", name="pl-series")
         self.quality: dict[str, float] = {}
+        self._shown: tuple[xr.Dataset, xr.DataArray | None, bool] | None = None  # what the figures show now
+        self._judge_lock = threading.Lock()
 
     def _inputs(self) -> tuple[object, ...]:
         assert self.reader is not None
@@ -74,6 +77,23 @@ class PseudoLabelView(RunView):
         truth = self.reader.truth()
         has_truth = truth_for(ds, truth) is not None
         self._set_message("" if has_truth else "No held-out truth in this run (truth.npz or a label column): precision is not available.")
+        self._judge(ds, truth, has_truth)
+        self._shown = (ds, truth, has_truth)
+        if has_truth:
+            acc = per_class_accuracy(ds, truth)
+            if acc is not None and acc.sizes.get("class", 0):
+                self._classes.set(acc["class"].values, np.nan_to_num(acc["accuracy"].values))
+            curve = threshold_curve(ds, truth)
+            self._curve.set([series("precision", curve["precision"]), series("coverage", curve["coverage"])])
+        self._update_flips()
+        self._update_series()
+
+    def _judge(self, ds: xr.Dataset, truth: xr.DataArray | None, has_truth: bool) -> None:
+        """The summary and the confidence histogram at the current threshold and bins."""
+        with self._judge_lock:  # a widget change never waits for a periodic read, only for this
+            self._judge_locked(ds, truth, has_truth)
+
+    def _judge_locked(self, ds: xr.Dataset, truth: xr.DataArray | None, has_truth: bool) -> None:
         q = label_quality(ds, truth, self.threshold)
         self.quality = q
         self.summary.object = (
@@ -84,14 +104,17 @@ class PseudoLabelView(RunView):
         parts = ["right", "wrong", "unjudged"] if has_truth else ["unjudged"]
         hist = confidence_histogram(ds, truth, self.bins)
         self._hist.set(hist["bin"].values, {p: hist[p].values for p in parts})
-        if has_truth:
-            acc = per_class_accuracy(ds, truth)
-            if acc is not None and acc.sizes.get("class", 0):
-                self._classes.set(acc["class"].values, np.nan_to_num(acc["accuracy"].values))
-            curve = threshold_curve(ds, truth)
-            self._curve.set([series("precision", curve["precision"]), series("coverage", curve["coverage"])])
-        self._update_flips()
-        self._update_series()
+
+    def _rejudge(self) -> None:
+        """Judge the rows shown now at a new threshold or bin count, without reading the run again.
+
+        A widget change answers at once this way; the next periodic refresh brings the new rows.
+        """
+        shown = self._shown
+        if shown is None:
+            self.read()
+        else:
+            self._judge(*shown)
 
     def _update_flips(self) -> None:
         assert self.reader is not None

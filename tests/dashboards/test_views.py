@@ -13,7 +13,7 @@ from carls_dask.cli import main
 from carls_dask.dashboard_cli import panel_command
 from dashboards.dashboard import Dashboard, run_path_from
 from dashboards.runreader import RunReader
-from dashboards.views import DriftView
+from dashboards.views import DriftView, PseudoLabelView
 from storage.errors import ConfigError
 from storage.metrics import MetricWriter, open_metrics
 from tests.dashboards.runfolder import nodes, write_snapshot, write_truth
@@ -232,3 +232,20 @@ def test_headline_counts_delta_rows_like_the_full_read(tmp_path: pathlib.Path) -
     finally:
         for log in logs:
             log.close()
+
+
+def test_threshold_change_judges_the_shown_rows_again_without_reading_the_run(tmp_path: pathlib.Path) -> None:
+    keys, cols = nodes(300, 10)
+    write_snapshot(tmp_path / "bank", 10, keys, cols)
+    write_truth(tmp_path, 600)
+    view = PseudoLabelView(reader=RunReader(tmp_path))
+    view.refresh()
+    assert "of 300" in view.summary.object and view.quality["precision"] < 1.0
+    keys, cols = nodes(600, 20)
+    write_snapshot(tmp_path / "bank", 20, keys, cols)
+
+    view.threshold = 0.65  # a widget change: answered from the rows on show, at once
+    assert "of 300" in view.summary.object and ">= 0.65" in view.summary.object
+    assert view.quality["precision"] == 1.0  # only right labels have confidence 0.9 in this table
+    view.refresh()  # the next refresh brings the new rows
+    assert "of 600" in view.summary.object and ">= 0.65" in view.summary.object
