@@ -65,6 +65,45 @@ class _Failed:
         raise self.exc
 
 
+class _Deferred:
+    """A remote shard call sent when awaited on the event loop, so all of a batch's calls go out in one hop.
+
+    Calling an actor method through its handle costs a hop to the event loop per call (and one more
+    to wait); this sends the same ``actor_execute`` request from the loop, with the handle's handling
+    of a lost connection (wait for the actor's future if it is still pending and retry, else
+    ``OSError("Unable to contact Actor's worker")``).
+    """
+
+    __slots__ = ("args", "handle", "kwargs", "method")
+
+    def __init__(self, handle: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.handle, self.method, self.args, self.kwargs = handle, method, args, kwargs
+
+    def __await__(self) -> Any:
+        return self._run().__await__()
+
+    async def _run(self) -> Any:
+        from distributed.protocol import to_serialize
+
+        h = self.handle
+        while True:
+            try:
+                result = await h._worker_rpc.actor_execute(
+                    function=self.method,
+                    actor=h.key,
+                    args=[to_serialize(a) for a in self.args],
+                    kwargs={k: to_serialize(v) for k, v in self.kwargs.items()},
+                )
+            except OSError:
+                if h._future is not None and not h._future.done():
+                    await h._future
+                    continue
+                raise OSError("Unable to contact Actor's worker") from None
+            if result["status"] == "OK":
+                return result["result"]
+            raise result["exception"]
+
+
 class KnowledgeBank:
     """A sharded knowledge bank: one :class:`~carls_dask.bank.actor.BankShard` actor per shard.
 
@@ -299,8 +338,11 @@ class KnowledgeBank:
         self._check_open()
         calls = with_op_ids(calls)
         local = {s: self._local_shard(s) for s in {c[0] for c in calls}}
+        # with no co-located shard, the remote calls are sent together from the event loop when awaited;
+        # otherwise they are sent now, so that they run while the co-located shards are called directly
+        deferred = all(shard is None for shard in local.values())
         pending = [
-            (s, None if local[s] is not None else self._issue(s, method, args, kwargs))
+            (s, None if local[s] is not None else self._issue(s, method, args, kwargs, deferred))
             for s, method, args, kwargs in calls
         ]
         direct = {
@@ -317,10 +359,19 @@ class KnowledgeBank:
                 self._recover(calls, answers, limit)
         return [answers[i] for i in range(len(calls))]
 
-    def _issue(self, s: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Send one call to shard ``s``; a handle whose actor is already known lost fails here."""
+    def _issue(
+        self, s: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], deferred: bool = False
+    ) -> Any:
+        """Send one call to shard ``s`` (or, ``deferred``, prepare it to be sent when awaited); a handle
+        whose actor is already known lost fails here."""
         try:
-            return getattr(self._shards[s], method)(*args, **kwargs)
+            handle = self._shards[s]
+            if not deferred:
+                return getattr(handle, method)(*args, **kwargs)
+            future = handle._future
+            if future is not None and future.status not in ("finished", "pending"):
+                raise RuntimeError(f"Worker holding Actor was lost.  Status: {future.status}")
+            return _Deferred(handle, method, args, kwargs)
         except Exception as exc:
             return _Failed(exc)
 
@@ -365,7 +416,10 @@ class KnowledgeBank:
                 *(watched(one(fut), self._shards[s], limit) for _, s, fut in remote), return_exceptions=True
             )
 
-        handle = self._shards[remote[0][1]]
+        issued = [s for _, s, fut in remote if not isinstance(fut, _Failed)]
+        if not issued:  # nothing reached a shard: no trip to the event loop
+            return [fut for _, _, fut in remote]
+        handle = self._shards[issued[0]]  # bound to this process's worker or client when the call was issued
         results = handle._sync(all_of)
         out = []
         for res in results:
