@@ -291,6 +291,7 @@ def _labelled_of(page: Page) -> int:
     return int(m.group(1)) if m else -1
 
 
+@pytest.mark.slow
 def test_page_stays_responsive_over_many_plot_refreshes_and_shows_new_data(
     browser: Browser, writing_big_run: pathlib.Path, tmp_path: pathlib.Path, artifacts_dir: pathlib.Path
 ) -> None:
