@@ -67,9 +67,9 @@ def get_seconds(key: str, override: float | str | None = None) -> float:
     value = get(key, override)
     try:
         seconds = parse_timedelta(value, default="seconds")
-    except (TypeError, ValueError, KeyError) as exc:
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:  # dask's parser raises all of these
         raise ConfigError(f"carls.{key}: expected a duration such as '30s' or a number of seconds, got {value!r}") from exc
-    if seconds is None or seconds < 0:
+    if seconds is None or not seconds >= 0:  # also refuses NaN
         raise ConfigError(f"carls.{key}: expected a non-negative duration, got {value!r}")
     return float(seconds)
 

@@ -150,10 +150,12 @@ def _load_root_manifest(root: pathlib.Path) -> dict[str, Any]:
     if not isinstance(man.get("snapshots"), list):
         raise CorruptStoreError(f"bank store {root}: {MANIFEST} has no 'snapshots' list")
     for e in man["snapshots"]:
-        if not isinstance(e, dict) or not _is_int(e.get("version")) or not isinstance(e.get("path"), str) \
-                or ".." in pathlib.PurePosixPath(e["path"]).parts:
-            raise CorruptStoreError(f"bank store {root}: {MANIFEST} lists {e!r}; expected entries with an int "
-                                    "'version' and a 'path' inside the store")
+        if not isinstance(e, dict) or not all(_is_int(e.get(k)) for k in ("version", "step", "n_shards", "bytes")) \
+                or not isinstance(e.get("created"), int | float) or not isinstance(e.get("rows"), dict) \
+                or not isinstance(e.get("path"), str) or ".." in pathlib.PurePosixPath(e["path"]).parts:
+            raise CorruptStoreError(f"bank store {root}: {MANIFEST} lists {e!r:.200}; expected entries with int "
+                                    "'version', 'step', 'n_shards', 'bytes', 'created' seconds, 'rows' and a 'path' "
+                                    "inside the store")
     return man
 
 
@@ -190,9 +192,11 @@ def _check_arrays(arrays: Any, where: str) -> None:
 
 def _check_snapshot_manifest(man: dict[str, Any], what: str) -> None:
     """Refuse a snapshot manifest whose fields have the wrong types before anything is read from it."""
-    for key in ("version", "buckets", "n_shards"):
+    for key in ("version", "buckets", "n_shards", "step", "bytes"):
         if not _is_int(man.get(key)) or man[key] < 0:
             raise CorruptStoreError(f"{what}: {key} is {man.get(key)!r}; expected a non-negative int")
+    if not isinstance(man.get("created"), int | float) or isinstance(man["created"], bool):
+        raise CorruptStoreError(f"{what}: created is {man.get('created')!r}; expected unix seconds")
     if not isinstance(man.get("path"), str) or ".." in pathlib.PurePosixPath(man["path"]).parts:
         raise CorruptStoreError(f"{what}: path is {man.get('path')!r}; expected a folder inside the store")
     makers = man.get("makers")
@@ -201,18 +205,22 @@ def _check_snapshot_manifest(man: dict[str, Any], what: str) -> None:
     for field in ("tables", "shards", "meta"):
         if not isinstance(man.get(field), dict):
             raise CorruptStoreError(f"{what}: {field} is {type(man.get(field)).__name__}; expected an object")
+    specs = man["meta"].get("tables", {})
+    if not isinstance(specs, dict) or not all(isinstance(v, dict) for v in specs.values()):
+        raise CorruptStoreError(f"{what}: meta.tables is {specs!r:.80}; expected an object of table specs")
     for tname, tinfo in man["tables"].items():
-        if not isinstance(tinfo, dict):
-            raise CorruptStoreError(f"{what}: table {tname!r} is a {type(tinfo).__name__}; expected an object")
+        if not isinstance(tinfo, dict) or not _is_int(tinfo.get("rows")) or tinfo["rows"] < 0:
+            raise CorruptStoreError(f"{what}: table {tname!r} is {tinfo!r:.80}; expected an object with int rows")
         _check_arrays(tinfo.get("arrays"), f"{what}, table {tname!r}")
     for s_key, info in man["shards"].items():
         where = f"{what}, shard {s_key!r}"
         if not s_key.isdigit() or not isinstance(info, dict):
             raise CorruptStoreError(f"{where}: expected a shard number with an object of its tables")
-        if not _is_int(info.get("delta_seq")) or not isinstance(info.get("meta"), dict) \
-                or not isinstance(info.get("tables"), dict):
-            raise CorruptStoreError(f"{where}: delta_seq {info.get('delta_seq')!r}, meta and tables; expected "
-                                    "an int and two objects")
+        if not _is_int(info.get("delta_seq")) or not _is_int(info.get("bytes")) \
+                or not isinstance(info.get("meta"), dict) or not isinstance(info.get("tables"), dict) \
+                or not isinstance(info["meta"].get("owned_buckets", []), list):
+            raise CorruptStoreError(f"{where}: delta_seq {info.get('delta_seq')!r}, bytes {info.get('bytes')!r}, "
+                                    "meta and tables; expected two ints and two objects")
         if not isinstance(info["meta"].get("makers", []), list) or not all(
                 m in makers for m in info["meta"].get("makers", [])):
             raise CorruptStoreError(f"{where}: maker list {info['meta'].get('makers')!r}; expected names of {makers}")
