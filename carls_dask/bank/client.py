@@ -371,6 +371,8 @@ class KnowledgeBank:
             future = handle._future
             if future is not None and future.status not in ("finished", "pending"):
                 raise RuntimeError(f"Worker holding Actor was lost.  Status: {future.status}")
+            if method == "lookup" and not args[3] and not kwargs:  # a read: on the worker's event loop
+                method, args = "lookup_on_loop", (args[0], args[1], args[2], args[4])
             return _Deferred(handle, method, args, kwargs)
         except Exception as exc:
             return _Failed(exc)
