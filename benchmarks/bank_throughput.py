@@ -41,14 +41,27 @@ def free_port() -> int:
 
 def rate(fn: Callable[[np.ndarray], Any], keys_for: Callable[[int], np.ndarray], batch: int, reps: int) -> float:
     """Median rows/s of ``fn`` over ``reps`` calls, each on fresh random keys (after one warm-up)."""
-    fn(keys_for(batch))
-    times = []
+    return rates({"": (fn, keys_for)}, batch, reps)[""]
+
+
+def rates(
+    paths: dict[str, tuple[Callable[[np.ndarray], Any], Callable[[int], np.ndarray]]], batch: int, reps: int
+) -> dict[str, float]:
+    """Median rows/s of each path's ``fn`` on its fresh random keys, the paths' calls taken in turn.
+
+    Interleaving the calls exposes every path to the same moments of load from other work on the
+    machine, so their ratio holds even when the absolute rates drift.
+    """
+    for fn, keys_for in paths.values():
+        fn(keys_for(batch))
+    times: dict[str, list[float]] = {name: [] for name in paths}
     for _ in range(reps):
-        k = keys_for(batch)
-        t0 = time.perf_counter()
-        fn(k)
-        times.append(time.perf_counter() - t0)
-    return batch / statistics.median(times)
+        for name, (fn, keys_for) in paths.items():
+            k = keys_for(batch)
+            t0 = time.perf_counter()
+            fn(k)
+            times[name].append(time.perf_counter() - t0)
+    return {name: batch / statistics.median(t) for name, t in times.items()}
 
 
 class Bare:
@@ -69,10 +82,11 @@ def colocated(bank: Any, n_rows: int, reps: dict[int, int], seed: int) -> dict[s
     table = rng.normal(size=(n_rows, D)).astype(np.float32)
     out: dict[str, dict[int, float]] = {"co-located": {}, "local gather": {}}
     for b, r in reps.items():
-        out["co-located"][b] = rate(lambda k: bank.lookup("bench", k), lambda n: rng.choice(keys, n), b, r)
-        out["local gather"][b] = rate(
-            lambda k: np.take(table, k, axis=0), lambda n: rng.integers(0, n_rows, n), b, r
-        )
+        got = rates({"co-located": (lambda k: bank.lookup("bench", k), lambda n: rng.choice(keys, n)),
+                     "local gather": (lambda k: np.take(table, k, axis=0), lambda n: rng.integers(0, n_rows, n))},
+                    b, r)
+        for name, v in got.items():
+            out[name][b] = v
     return out
 
 
@@ -143,11 +157,13 @@ def main() -> None:
             bank.lookup("grad", keys[i:i + min(65536, grad_rows - i)], insert=True)
         print(f"loaded {n_rows:,} + {grad_rows:,} rows into {args.shards} shards in {time.perf_counter() - t0:.1f} s")
 
-        results["bank (remote shards)"] = {b: rate(lambda k: bank.lookup("bench", k), keys_for, b, r)
-                                              for b, r in reps.items()}
         bare = client.submit(Bare, n_rows, actor=True, workers=[workers[1]]).result()
-        results["bare actor (floor)"] = {b: rate(lambda k: bare.get(k).result(), keys_for, b, r)
-                                          for b, r in reps.items()}
+        results["bank (remote shards)"], results["bare actor (floor)"] = {}, {}
+        for b, r in reps.items():  # calls taken in turn (see rates)
+            got = rates({"bank (remote shards)": (lambda k: bank.lookup("bench", k), keys_for),
+                         "bare actor (floor)": (lambda k: bare.get(k).result(), keys_for)}, b, r)
+            for name, v in got.items():
+                results[name][b] = v
         gkeys = keys[:grad_rows]
         results["apply_gradients (adagrad)"] = {
             b: rate(lambda k: bank.apply_gradients("grad", k, np.full((k.shape[0], D), 0.01, np.float32)),
