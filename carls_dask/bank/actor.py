@@ -229,6 +229,7 @@ class BankShard:
         """
         if self._lock.acquire(blocking=False):
             try:
+                self._check_live()  # a retired shard (its worker closing) re-routes reads too
                 return self.core.lookup(table, keys, columns=columns, insert=False, max_staleness=max_staleness)
             finally:
                 self._lock.release()

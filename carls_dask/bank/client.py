@@ -21,7 +21,7 @@ from carls_dask import config
 from carls_dask.bank.actor import BankShard
 from carls_dask.bank.core import LookupResult
 from carls_dask.bank.hashing import bucket_of, to_int64_keys
-from carls_dask.bank.rehoming import adopt_or_rehome, is_lost, watched, with_op_ids
+from carls_dask.bank.rehoming import adopt_or_rehome, is_lost, run_on_loop, watched, with_op_ids
 from carls_dask.bank.sampling import NegativeSample, order_by_frequency, sample_candidates
 from carls_dask.bank.schema import TableSpec, check_batch_size, coerce_column_values, unknown_table
 from storage.errors import (
@@ -422,7 +422,7 @@ class KnowledgeBank:
         if not issued:  # nothing reached a shard: no trip to the event loop
             return [fut for _, _, fut in remote]
         handle = self._shards[issued[0]]  # bound to this process's worker or client when the call was issued
-        results = handle._sync(all_of)
+        results = run_on_loop(handle, all_of)
         out = []
         for res in results:
             out.append(_Failed(res) if isinstance(res, BaseException) else res)

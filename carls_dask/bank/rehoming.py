@@ -250,6 +250,25 @@ async def watched(awaitable: Any, handle: Any, limit: float) -> Any:
             raise TimeoutError(f"no answer within {limit:g}s")
 
 
+def run_on_loop(handle: Any, fn: Any) -> Any:
+    """Run coroutine function ``fn`` on the event loop of the client or worker ``handle`` is bound to.
+
+    ``Actor._sync`` needs ``Worker.thread_id``, which a worker does not set, so a handle bound to a
+    worker but to no client (deserialised outside a task) cannot use it.
+    """
+    from distributed.utils import sync
+
+    client = vars(handle).get("_client")
+    if client is not None:
+        return client.sync(fn)
+    worker = vars(handle).get("_worker")
+    if worker is None:
+        from distributed import get_worker
+
+        worker = get_worker()
+    return sync(worker.loop, fn)
+
+
 def _actor_alive(client: Any, key: str) -> bool:
     who = client.who_has([key])
     return bool(who.get(key))

@@ -60,6 +60,8 @@ class LoopStatus:
         The loop's newest reported numbers (step, steps_per_s, version, staleness_s, ...).
     error
         ``repr`` of the loop's exception when it failed.
+    restarts
+        Times the loop was run again because its worker died (makers only).
     """
 
     name: str
@@ -68,6 +70,7 @@ class LoopStatus:
     future: str
     progress: dict[str, float]
     error: str | None = None
+    restarts: int = 0
 
 
 class LoopHandle:
@@ -82,6 +85,7 @@ class LoopHandle:
         self.life.to(State.RUNNING)
         self.error: BaseException | None = None
         self.result: LoopResult | None = None
+        self.restarts = 0
 
     def __repr__(self) -> str:
         return f"<LoopHandle {self.kind} {self.name!r} {self.life.state.value}>"
@@ -142,6 +146,8 @@ class Workbench:
         self._home_worker: str | None = None
         self._placement = str(config.get("bank.placement"))
         self._events: collections.deque[Any] = collections.deque()
+        self._cluster_events: collections.deque[Any] = collections.deque()
+        self.maker_restarts = int(config.get("runtime.maker-restarts"))
         self.book = ProgressBook()
         self._sink: ProgressSink | None = None
         self._monitor: threading.Thread | None = None
@@ -166,6 +172,7 @@ class Workbench:
             self._connect(Client)
             self._stop_event = Event(self.stop_event_name, client=self.client)
             self.client.subscribe_topic(self.topic, self._events.append)
+            self.client.subscribe_topic("all", self._cluster_events.append)  # the scheduler's worker removals
             metrics = None
             if self.run_dir is not None:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -275,7 +282,11 @@ class Workbench:
         return self._submit(trainer, workers)
 
     def submit_maker(self, maker: KnowledgeMaker, *, workers: Sequence[str] | None = None) -> LoopHandle:
-        """Run ``maker`` as a long-lived future reading ``maker.source``'s versions; returns its handle."""
+        """Run ``maker`` as a long-lived future reading ``maker.source``'s versions; returns its handle.
+
+        ``workers`` are preferred, not required: when the maker's worker dies the scheduler runs it
+        again on a live worker (up to ``carls.runtime.maker-restarts`` times).
+        """
         if not isinstance(maker, KnowledgeMaker):
             raise TypeError(f"submit_maker: expected a KnowledgeMaker, got {type(maker).__name__}")
         return self._submit(maker, workers)
@@ -308,8 +319,10 @@ class Workbench:
         first_trainer = isinstance(obj, Trainer) and not any(h.kind == "trainer" for h in self._loops.values())
         if workers is None and first_trainer and self._placement == "colocate":
             workers = [self.home_worker()]
+        # a maker only prefers its workers: after its worker died it is run again on a live one
         future = self.client.submit(run_loop_task, spec, key=f"{obj.kind}-{obj.name}-{self.prefix}", pure=False,
-                                    resources=resources, workers=list(workers) if workers else None, retries=0)
+                                    resources=resources, workers=list(workers) if workers else None, retries=0,
+                                    allow_other_workers=bool(workers) and isinstance(obj, KnowledgeMaker))
         handle = LoopHandle(obj.name, obj.kind, future, obj)
         self._loops[obj.name] = handle
         if self._sink is not None:
@@ -331,7 +344,46 @@ class Workbench:
             if isinstance(msg, dict):
                 self.book.update(msg)
 
+    def _check_lost_workers(self) -> None:
+        """React to workers that died while running a loop (the scheduler's ``remove-worker`` events).
+
+        Dask runs a task whose worker died again on a live worker. For a maker that is the restart:
+        it is counted, logged and reported as the loop's ``restarts`` metric, and after
+        ``carls.runtime.maker-restarts`` restarts the run fails. A trainer is not run again from
+        scratch: its model and optimizer state died with the worker, so the run fails clearly
+        (continue it from a checkpoint with ``Trainer(resume_from=...)``).
+        """
+        while self._cluster_events:
+            _, msg = self._cluster_events.popleft()
+            if not isinstance(msg, dict) or msg.get("action") != "remove-worker":
+                continue
+            lost = {str(k) for k in msg.get("processing-tasks", ()) or ()}
+            worker = msg.get("worker", "?")
+            for handle in self._loops.values():
+                if handle.future is None or str(handle.future.key) not in lost:
+                    continue
+                if handle.error is not None or handle.life.state in (State.CLOSED, State.FAILED):
+                    continue
+                if handle.kind == "maker" and handle.restarts < self.maker_restarts:
+                    handle.restarts += 1
+                    logger.warning("maker %s: its worker %s died; the scheduler runs it again on a live worker "
+                                   "(restart %d of %d, carls.runtime.maker-restarts)", handle.name, worker,
+                                   handle.restarts, self.maker_restarts)
+                    self.book.update({"loop": handle.name, "kind": handle.kind, "restarts": handle.restarts})
+                    continue
+                if handle.kind == "maker":
+                    reason = (f"maker {handle.name!r}: its worker {worker} died after {handle.restarts} restarts "
+                              f"(carls.runtime.maker-restarts = {self.maker_restarts})")
+                else:
+                    reason = (f"trainer {handle.name!r}: its worker {worker} died; a trainer is not restarted "
+                              "from scratch (its model state was on that worker): continue the run with "
+                              "Trainer(resume_from=<a checkpoint>)")
+                logger.error("%s", reason)
+                handle.future.cancel()
+                self._fail(handle, LifecycleError(reason))
+
     def _check_loops(self) -> None:
+        self._check_lost_workers()
         for handle in list(self._loops.values()):
             if handle.error is not None or handle.life.state in (State.CLOSED, State.FAILED):
                 continue
@@ -380,7 +432,7 @@ class Workbench:
             elif fstatus == "finished" and h.life.state in (State.RUNNING, State.STOPPING):
                 state = State.CLOSED.value
             out[name] = LoopStatus(name, h.kind, state, fstatus, dict(self.book.loops.get(name, {})),
-                                   repr(h.error) if h.error is not None else None)
+                                   repr(h.error) if h.error is not None else None, h.restarts)
         return out
 
     def _raise_failure(self, *, again: bool = False) -> None:
@@ -526,6 +578,7 @@ class Workbench:
             "state": "failed" if self._failure is not None else "closed",
             "loops": {n: {"kind": h.kind, "class": h.cls, "state": h.life.state.value,
                           "steps": h.result.steps if h.result is not None else None,
+                          "restarts": h.restarts,
                           "error": repr(h.error) if h.error is not None else None}
                       for n, h in self._loops.items()},
             "config": config.resolved(),
@@ -558,6 +611,7 @@ class Workbench:
                 channel.delete()
             try:
                 self.client.unsubscribe_topic(self.topic)
+                self.client.unsubscribe_topic("all")
             except Exception:
                 logger.debug("unsubscribe failed", exc_info=True)
         for h in self._loops.values():
