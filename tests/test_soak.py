@@ -1,0 +1,25 @@
+"""A two-minute soak: trainer + maker + logged bank on a 2-worker LocalCluster (see benchmarks/soak.py)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_minute_soak_loses_nothing_and_memory_stays_flat(tmp_path: pathlib.Path,
+                                                             artifacts_dir: pathlib.Path) -> None:
+    from benchmarks.soak import report, run
+
+    fig = run(2.0, snapshot_every=15.0, sample_every=2.0, workdir=tmp_path)
+    (artifacts_dir / "soak-2min.json").write_text(json.dumps(fig, indent=2))
+    print(report(fig))
+    assert fig["steps"] > 100 and fig["maker_rounds"] >= 2
+    assert fig["writes_acknowledged"] > 100 and fig["keys_checked"] >= 4096
+    assert fig["lost"] == 0 and fig["lost_after_restore"] == 0  # every acknowledged write is in the bank
+    assert fig["snapshots"] >= 4
+    assert fig["rss_samples"] >= 20
+    assert fig["rss_growth_second_half"] < 0.10  # workers' memory flat over the second half
