@@ -225,9 +225,12 @@ def run(minutes: float, *, trainers: int = 1, makers: int = 1, snapshot_every: f
         if tmp is not None:
             tmp.cleanup()
     rss = [r for _, r in samples]
+    warm_at = min(60.0, 15.0 * minutes)  # workers have imported torch and built their models by then
+    warm = [r for t, r in samples if t >= warm_at] or rss
     out.update({
         "snapshots": snapshots,
         "rss_start_mib": rss[0] / 2**20 if rss else float("nan"),
+        "rss_warm_mib": warm[0] / 2**20 if warm else float("nan"),
         "rss_peak_mib": max(rss) / 2**20 if rss else float("nan"),
         "rss_end_mib": rss[-1] / 2**20 if rss else float("nan"),
         "rss_growth_second_half": growth(samples),
@@ -243,7 +246,8 @@ def report(fig: Mapping[str, Any]) -> str:
         f"  writes acknowledged  {fig['writes_acknowledged']} (ledger keys checked {fig['keys_checked']})",
         f"  lost                 {fig['lost']} live, {fig['lost_after_restore']} after restore (snapshot + log)",
         f"  snapshots taken      {fig['snapshots']}",
-        f"  worker RSS (sum)     start {fig['rss_start_mib']:.0f} MiB, peak {fig['rss_peak_mib']:.0f} MiB, "
+        f"  worker RSS (sum)     start {fig['rss_start_mib']:.0f} MiB, warm {fig['rss_warm_mib']:.0f} MiB, "
+        f"peak {fig['rss_peak_mib']:.0f} MiB, "
         f"end {fig['rss_end_mib']:.0f} MiB; second-half growth {100 * fig['rss_growth_second_half']:+.1f}%",
         f"  test accuracy        {fig['test_accuracy']:.3f}",
     ])

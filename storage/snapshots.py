@@ -811,13 +811,13 @@ def _array(group: zarr.Group, name: str) -> zarr.Array:
                                 "expected an array written by write_shard") from exc
     if not isinstance(node, zarr.Array):
         raise CorruptStoreError(f"{group.store}: {name} is a group; expected an array")
-    meta = node.metadata.to_dict()
-    codecs = [c.get("name") if isinstance(c, dict) else getattr(c, "codec_name", c) for c in meta.get("codecs", [])]
+    meta: dict[str, Any] = dict(node.metadata.to_dict())
+    codecs = [c.get("name") if isinstance(c, dict) else getattr(c, "codec_name", c) for c in meta.get("codecs") or []]
     if np.dtype(node.dtype).kind not in "biuf" or not set(codecs) <= _READ_CODECS:
         raise CorruptStoreError(f"{group.store}: {name} is {node.dtype} with codecs {codecs}; expected a numeric "
                                 f"array with codecs from {sorted(_READ_CODECS)} (nothing else is decoded)")
     if meta.get("attributes"):
-        raise CorruptStoreError(f"{group.store}: {name} carries attributes {sorted(meta['attributes'])}; expected "
+        raise CorruptStoreError(f"{group.store}: {name} carries attributes {sorted(dict(meta['attributes']))}; expected "
                                 "none (write_shard writes none)")
     return node
 
