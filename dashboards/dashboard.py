@@ -129,7 +129,7 @@ class Dashboard(pn.viewable.Viewer):
             job()
 
     async def _refresh_plots(self, doc: Document | None) -> None:
-        """Read every view in its own worker thread, then apply its queued figure updates on the page.
+        """Read each view on its own in the plot-reader threads, then apply its queued figure updates on the page.
 
         A view still reading from an earlier round is left to finish (a slow drift computation does not
         hold back the other views); the round ends when the views it started are done.
