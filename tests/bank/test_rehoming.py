@@ -205,6 +205,33 @@ def test_a_bank_without_a_store_cannot_rehome_and_says_why(client: Any) -> None:
         f.release()
 
 
+def lifetime_handover(client: Any, leaves: str, stays: str, root: pathlib.Path, timeout: float = 120) -> None:
+    """Write to a bank with shard 0 on ``leaves`` (a worker with a lifetime) until that worker has gone;
+    assert the shard was handed to ``stays`` by the walltime plugin and no acknowledged write was lost."""
+    bank = KnowledgeBank.create(client, [table()], n_shards=2, buckets=64, workers=[leaves, stays],
+                                name=f"walltime-{os.getpid()}", log_root=str(root))
+    keys = np.concatenate([keys_of_shard(bank, 0, 8), keys_of_shard(bank, 1, 8)])
+    acked: dict[int, float] = {}
+    i = 0
+    deadline = time.monotonic() + timeout
+    while leaves in workers(client) or i < 5:  # write until the worker has gone, and a little after
+        assert time.monotonic() < deadline, "the worker did not end at its lifetime"
+        bank.update("nodes", keys, {"embedding": np.full((keys.size, 4), float(i), np.float32)})
+        acked.update({int(k): float(i) for k in keys})
+        i += 1
+        time.sleep(0.05)
+    gone_at = time.time()
+    stats = bank.stats()["rehoming"]
+    assert stats["count"] == 1
+    event = stats["events"][0]
+    assert event["from"] == leaves and event["to"] == stays and event["reason"] == "worker lifetime ends"
+    assert event["time"] < gone_at  # handed over while the worker was still up
+    got = bank.lookup("nodes", keys)
+    assert got.found.all()
+    np.testing.assert_array_equal(got.values["embedding"][:, 0], np.array([acked[int(k)] for k in keys]))
+    bank.close()
+
+
 @pytest.mark.slow
 def test_a_worker_at_its_lifetime_hands_its_shard_over_before_it_goes(tmp_path: pathlib.Path) -> None:
     """A worker started like dask-jobqueue starts one (``--lifetime``) re-homes its shard while still up."""
@@ -225,29 +252,8 @@ def test_a_worker_at_its_lifetime_hands_its_shard_over_before_it_goes(tmp_path: 
         try:
             client.wait_for_workers(2, timeout=60)
             (leaves,) = [w for w in workers(client) if w != stays]
-            bank = KnowledgeBank.create(client, [table()], n_shards=2, buckets=64, workers=[leaves, stays],
-                                        name="walltime", log_root=str(tmp_path / "bank"))
-            keys = np.concatenate([keys_of_shard(bank, 0, 8), keys_of_shard(bank, 1, 8)])
-            acked: dict[int, float] = {}
-            i = 0
-            deadline = time.monotonic() + 90
-            while leaves in workers(client) or i < 5:  # write until the worker has gone, and a little after
-                assert time.monotonic() < deadline, "the worker did not end at its lifetime"
-                bank.update("nodes", keys, {"embedding": np.full((keys.size, 4), float(i), np.float32)})
-                acked.update({int(k): float(i) for k in keys})
-                i += 1
-                time.sleep(0.05)
-            gone_at = time.time()
-            stats = bank.stats()["rehoming"]
-            assert stats["count"] == 1
-            event = stats["events"][0]
-            assert event["from"] == leaves and event["to"] == stays and event["reason"] == "worker lifetime ends"
-            assert event["time"] < gone_at  # handed over while the worker was still up
-            got = bank.lookup("nodes", keys)
-            assert got.found.all()
-            np.testing.assert_array_equal(got.values["embedding"][:, 0], np.array([acked[int(k)] for k in keys]))
+            lifetime_handover(client, leaves, stays, tmp_path / "bank", timeout=90)
             assert proc.wait(timeout=60) == 0  # the worker closed gracefully
-            bank.close()
         finally:
             if proc.poll() is None:
                 proc.kill()
