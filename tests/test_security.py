@@ -235,3 +235,20 @@ def test_served_dashboard_binds_localhost_unless_told_otherwise(tmp_path: pathli
 def test_served_dashboard_binds_all_interfaces_only_when_asked(tmp_path: pathlib.Path) -> None:
     assert _serve_and_read_interface(tmp_path, "--address", "0.0.0.0") == "0.0.0.0"
     assert _serve_and_read_interface(tmp_path, env={"DASK_CARLS__DASHBOARD__ADDRESS": "0.0.0.0"}) == "0.0.0.0"
+
+
+@pytest.mark.slow
+def test_trainer_and_maker_run_over_tls() -> None:
+    from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer, digits_table
+
+    with Workbench(security="temporary", progress=False,
+                   cluster_options={"n_workers": 2, "threads_per_worker": 1}) as wb:
+        assert wb.client.scheduler.address.startswith("tls://")
+        bank = wb.create_bank([digits_table()], n_shards=2)
+        wb.submit_trainer(DigitsTrainer("trainer", max_steps=120, publish_every=20))
+        wb.submit_maker(DigitsMaker("maker"))
+        wb.wait(timeout=600)
+        results = wb.stop(timeout=120)
+        assert results["trainer"].steps == 120 and len(results["maker"].rounds) >= 1
+        assert bank.size("digits") == 1797  # the maker wrote every image's knowledge through TLS
+        assert results["trainer"].value["bank_reads"] == 120
