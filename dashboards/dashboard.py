@@ -191,7 +191,12 @@ class Dashboard(pn.viewable.Viewer):
         :attr:`plot_period`.
         """
         if self._callback is None:
-            self._tick()
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # no event loop running here: the periodic callback starts the reads
+                pass
+            else:
+                self._tick()
             self._callback = pn.state.add_periodic_callback(self._tick, period=int(self.period * 1000))
         return self._callback
 
