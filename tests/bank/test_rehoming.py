@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from carls_dask.bank import Column, KnowledgeBank, TableSpec
-from carls_dask.errors import ShardLostError
+from carls_dask.errors import DeadlineExceeded, ShardLostError
 
 REHOME_TIMEOUT = 60.0
 
@@ -186,6 +186,27 @@ def test_a_retried_batch_is_not_applied_twice(client: Any, tmp_path: pathlib.Pat
         assert bank.apply_gradients("nodes", keys, grads).all()
         np.testing.assert_array_equal(bank.lookup("nodes", keys).values["embedding"],
                                       np.full((8, 4), -1.0, np.float32))
+        assert bank.stats()["rehoming"]["count"] == 1
+    finally:
+        bank.close()
+
+
+def test_a_call_waits_at_most_the_rehome_timeout_then_a_later_call_recovers(client: Any,
+                                                                           tmp_path: pathlib.Path) -> None:
+    a, _ = workers(client)
+    bank = KnowledgeBank.create(client, [table()], n_shards=1, buckets=16, workers=[a], name="kill-deadline",
+                                log_root=str(tmp_path / "bank"))
+    try:
+        keys = np.arange(1, 9, dtype=np.int64)
+        bank.update("nodes", keys, {"embedding": np.full((8, 4), 3.0, np.float32)})
+        kill_worker(client, a)
+        wait_gone(client, a)
+        bank.rehome_timeout = 0.01  # too short to start and restore a shard
+        with pytest.raises((ShardLostError, DeadlineExceeded), match=r"carls\.bank\.rehome-timeout"):
+            bank.lookup("nodes", keys)
+        bank.rehome_timeout = REHOME_TIMEOUT
+        got = bank.lookup("nodes", keys)  # the half-started shard of the failed attempt left nothing behind
+        np.testing.assert_array_equal(got.values["embedding"], np.full((8, 4), 3.0, np.float32))
         assert bank.stats()["rehoming"]["count"] == 1
     finally:
         bank.close()
