@@ -351,7 +351,10 @@ class Workbench:
         it is counted, logged and reported as the loop's ``restarts`` metric, and after
         ``carls.runtime.maker-restarts`` restarts the run fails. A trainer is not run again from
         scratch: its model and optimizer state died with the worker, so the run fails clearly
-        (continue it from a checkpoint with ``Trainer(resume_from=...)``).
+        (continue it from a checkpoint with ``Trainer(resume_from=...)``). Dask itself fails a task
+        whose workers died more than ``distributed.scheduler.allowed-failures`` times
+        (``KilledWorker``), which bounds the restarts too. The events come from the scheduler's
+        ``"all"`` topic, to which the Workbench subscribes its client.
         """
         while self._cluster_events:
             _, msg = self._cluster_events.popleft()
