@@ -57,9 +57,10 @@ def parse_variant(text: str) -> Variant:
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--variants", nargs="+", default=["in_batch", "uniform", "hard", "uniform+stale", "hard+stale"],
+    p.add_argument("--variants", nargs="+", default=["in_batch", "uniform", "hard", "uniform+logq", "uniform+stale"],
                    help="variants NEGATIVES[@N][+stale][+logq] (see the module docstring)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per variant (>= 3 for the report)")
+    p.add_argument("--first-seed", type=int, default=0, help="seeds run are first-seed .. first-seed + seeds - 1")
     p.add_argument("--steps", type=int, default=800, help="trainer steps per run")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--n-negatives", type=int, default=256, help="sampled bank negatives per step (unless @N)")
@@ -129,7 +130,7 @@ def main() -> None:
     rows: list[dict[str, object]] = []
     with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=":0") as lc, \
             Client(lc) as client:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for v in variants:
                 t = time.perf_counter()
                 n_neg = v.count if v.count and v.negatives != "hard" else args.n_negatives
