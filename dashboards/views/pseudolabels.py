@@ -23,6 +23,7 @@ from dashboards.pseudolabels import (
     threshold_curve,
     truth_for,
 )
+from dashboards.runreader import RunReader
 from dashboards.views.base import RunView, in_background, series
 
 __all__ = ["PseudoLabelView"]
@@ -35,6 +36,10 @@ def _fmt(x: float) -> str:
 class PseudoLabelView(RunView):
     """How good the makers' pseudo labels are, judged against held-out truth where the run has it."""
 
+    table = param.String(
+        default=None, allow_None=True,
+        doc="Bank table holding the pseudo labels; None: the reader's table, or the first table with a pseudo_label column.",
+    )
     threshold = param.Number(default=0.0, bounds=(0.0, 1.0), doc="Confidence a pseudo label needs to count.")
     bins = param.Integer(default=20, bounds=(2, 200), doc="Bins of the confidence histogram.")
     max_snapshots = param.Integer(default=20, bounds=(2, 10_000), doc="Most recent snapshots in the flip-rate plot.")
@@ -58,20 +63,50 @@ class PseudoLabelView(RunView):
         self.quality: dict[str, float] = {}
         self._shown: tuple[xr.Dataset, xr.DataArray | None, bool] | None = None  # what the figures show now
         self._judge_lock = threading.Lock()
+        self._found: str | None = None  # the table found to hold the pseudo labels
+        self._own: RunReader | None = None  # its reader, when it is not the reader's table
+
+    def _labels(self) -> RunReader:
+        """The reader of the table holding the pseudo labels.
+
+        :attr:`table` when set; else the reader's own table when its newest snapshot has a
+        ``pseudo_label`` column, else the first table that has one (a run may keep its pseudo labels
+        in a table of their own, e.g. ``pseudo_labels`` beside ``nodes``).
+        """
+        assert self.reader is not None
+        name = self.table or self._found
+        if name is None:
+            snaps = self.reader.snapshots()
+            if not snaps:
+                return self.reader
+            from storage.snapshots import read_manifest
+
+            tables = read_manifest(self.reader.bank_path, int(snaps[-1]["version"])).get("tables", {})
+            have = [t for t, info in tables.items() if "col/pseudo_label" in info.get("arrays", {})]
+            if not have:
+                return self.reader  # none yet: look again at the next refresh
+            name = self.reader.table if self.reader.table in have else have[0]
+            self._found = name
+        if name == self.reader.table:
+            return self.reader
+        if self._own is None or self._own.table != name or self._own.path != self.reader.path:
+            self._own = RunReader(self.reader.path, table=name)
+        return self._own
 
     def _inputs(self) -> tuple[object, ...]:
         assert self.reader is not None
-        return (self.reader.latest(), self.reader.metrics(), self.reader.truth(), self.threshold, self.bins)
+        return (self._labels().latest(), self.reader.metrics(), self.reader.truth(), self.threshold, self.bins)
 
     def _update(self) -> None:
         assert self.reader is not None
-        ds = self.reader.latest()
+        labels = self._labels()
+        ds = labels.latest()
         if ds is None:
             self._set_message("No bank yet: pseudo-label quality appears once the run has a bank snapshot.")
             return
         if not has_pseudo_labels(ds):
             why = "no pseudo_label column" if not has_column(ds, "pseudo_label") else "no row labelled yet"
-            self._set_message(f"This run has no pseudo labels (table {self.reader.table!r}: {why}).")
+            self._set_message(f"This run has no pseudo labels (table {labels.table!r}: {why}).")
             self.summary.object = ""
             return
         truth = self.reader.truth()
@@ -118,13 +153,14 @@ class PseudoLabelView(RunView):
 
     def _update_flips(self) -> None:
         assert self.reader is not None
-        snaps = self.reader.snapshots()[-self.max_snapshots :]
+        labels = self._labels()
+        snaps = labels.snapshots()[-self.max_snapshots :]
         versions = [int(s["version"]) for s in snaps]
         self._steps.update({int(s["version"]): int(s["step"]) for s in snaps})
         for prev, cur in itertools.pairwise(versions):
             if cur in self._flips:
                 continue
-            a, b = self.reader.snapshot(prev), self.reader.snapshot(cur)
+            a, b = labels.snapshot(prev), labels.snapshot(cur)
             if has_column(a, "pseudo_label") and has_column(b, "pseudo_label"):
                 self._flips[cur] = flip_rate(a, b)
         for v in [v for v in self._flips if v not in versions]:
