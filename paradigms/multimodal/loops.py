@@ -2,7 +2,8 @@
 
 - :class:`ContrastiveTrainer` trains the dual encoder on image-text pairs; besides the in-batch
   negatives it draws negatives from the bank's corpus tables (``uniform``/``log_uniform`` samples
-  with logQ correction, or each query's ``hard`` top-k), so their number is not bounded by the batch.
+  with expected counts for logQ correction, or each query's ``hard`` top-k), so their number is not
+  bounded by the batch; by default it encodes the drawn keys' frozen features with its current model.
 - :class:`CorpusMaker` loads the newest encoder version and rewrites every corpus embedding in the
   bank (``texts`` and ``images`` tables) with ``model_step`` and its name as provenance.
 - :func:`initialise_bank` runs the frozen pretrained image encoder (EfficientNet-Lite0, shipped in
