@@ -346,7 +346,7 @@ class KnowledgeBank:
             for s, method, args, kwargs in calls
         ]
         direct = {
-            i: getattr(local[s], method)(*args, **kwargs)
+            i: self._direct(local[s], method, args, kwargs)
             for i, (s, method, args, kwargs) in enumerate(calls)
             if local[s] is not None
         }
@@ -355,9 +355,17 @@ class KnowledgeBank:
         answers: dict[int, Any] = dict(direct)
         if remote:
             answers.update(zip([i for i, _, _ in remote], self._wait(remote, limit), strict=True))
-            if any(isinstance(a, _Failed) for a in answers.values()):
-                self._recover(calls, answers, limit)
+        if any(isinstance(a, _Failed) for a in answers.values()):
+            self._recover(calls, answers, limit)
         return [answers[i] for i in range(len(calls))]
+
+    @staticmethod
+    def _direct(shard: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Call a co-located shard; one that was retired (its worker is closing) re-routes the call."""
+        try:
+            return getattr(shard, method)(*args, **kwargs)
+        except ShardLostError as exc:
+            return _Failed(exc)
 
     def _issue(
         self, s: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], deferred: bool = False
