@@ -144,6 +144,25 @@ def test_graph_regularization_is_zero_for_equal_outputs_and_ignores_empty_slots(
         graph_regularization(logits, same, torch.ones(2, 2))
 
 
+def test_graph_regularization_matches_the_per_slot_distances_and_their_gradients() -> None:
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(6, 3, generator=gen, requires_grad=True)
+    nb = torch.randn(6, 4, 3, generator=gen, requires_grad=True)  # in-graph: neighbours carry gradient
+    w = torch.tensor([[1.0, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [2, 0, 1, 0], [1, 0, 0, 0], [0.5, 0.5, 0.5, 0]])
+    p = torch.softmax(logits, -1).unsqueeze(1)
+    q = torch.softmax(nb, -1)
+    per_slot = {"kl": (q * (q.log() - p.log())).sum(-1), "l2": (p - q).pow(2).sum(-1)}
+    has = w.sum(1) > 0
+    for distance, d in per_slot.items():
+        expected = ((w * d).sum(1)[has] / w.sum(1)[has]).mean()
+        got = graph_regularization(logits, nb, w, distance)
+        assert float(got.detach()) == pytest.approx(float(expected.detach()), rel=1e-5)
+        g_expected = torch.autograd.grad(expected, (logits, nb), retain_graph=True)
+        g_got = torch.autograd.grad(got, (logits, nb))
+        for a, b in zip(g_got, g_expected, strict=True):
+            assert torch.allclose(a, b, atol=1e-6)
+
+
 def test_pseudo_label_loss_weights_by_confidence_and_skips_unlabelled() -> None:
     logits = torch.tensor([[3.0, 0.0], [0.0, 3.0], [1.0, 1.0]])
     labels = torch.tensor([0, 0, -1])
