@@ -141,8 +141,14 @@ class Dashboard(pn.viewable.Viewer):
 
         loop = asyncio.get_running_loop()
 
+        def finish(view: RunView) -> bool:
+            with set_curdoc(doc):
+                return view.finish()
+
         async def one(view: RunView) -> None:
             if await loop.run_in_executor(_plot_readers(), read, view):
+                self._on_page(doc, view.flush)
+            if await loop.run_in_executor(_plot_readers(), finish, view):
                 self._on_page(doc, view.flush)
 
         started = []

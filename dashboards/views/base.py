@@ -56,8 +56,9 @@ def in_background(work: Callable[[], object], then: Callable[[], object]) -> Non
 class RunView(pn.viewable.Viewer):
     """Base class of the views: holds the reader, shows a message when there is nothing to plot.
 
-    A refresh has two halves. :meth:`read` reads the run and computes what to draw; it touches no
-    Bokeh model, so it may run in a worker thread. :meth:`flush` moves what :meth:`read` queued into
+    A refresh has two halves. :meth:`read` reads the run and computes what to draw (and
+    :meth:`finish` any slow remainder, such as rasterising a map); they touch no Bokeh model, so
+    they may run in a worker thread. :meth:`flush` moves what :meth:`read` queued into
     the view's live figures (in place: data patches, never new figures); call it where the page's
     document may change. :meth:`refresh` does both. Subclasses implement :meth:`_update`, which reads
     through :attr:`reader` and queues figure updates, and :meth:`_layout`.
@@ -93,6 +94,15 @@ class RunView(pn.viewable.Viewer):
         """Read what is new in the run and update the figures in place (here, at once)."""
         self.read()
         self.flush()
+        if self.finish():
+            self.flush()
+
+    def finish(self) -> bool:
+        """Do the slow part of a read (if the view has one), after the rest is shown; safe in a worker thread.
+
+        Returns whether it queued figure updates.
+        """
+        return False
 
     def read(self) -> bool:
         """Read what is new and queue figure updates (safe in a worker thread); a failure shows on the view.

@@ -42,6 +42,7 @@ class DriftView(RunView):
         self._steps: dict[int, int] = {}
         self._versions: list[int] = []
         self._quiet = False
+        self._map_due: int | None = None  # snapshot step whose map the last read left to draw
         self.slider = pn.widgets.DiscreteSlider(label="snapshot step", options=[0], value=0, width=400, disabled=True)
         self.slider.param.watch(self._on_slider, "value")
         wait = "waiting for two snapshots"
@@ -150,7 +151,16 @@ class DriftView(RunView):
                 self.slider.value = steps[-1]
         finally:
             self._quiet = False
-        self._draw_map(self.slider.value)
+        self._map_due = self.slider.value
+
+    def finish(self) -> bool:
+        """Rasterise the map a read left due (datashader: the slow part, done after the curves are shown)."""
+        with self._read_lock:
+            step, self._map_due = self._map_due, None
+            if step is None:
+                return False
+            self._draw_map(int(step))
+            return True
 
     def _on_slider(self, event: param.parameterized.Event) -> None:
         if not self._quiet:

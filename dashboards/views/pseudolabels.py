@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import threading
 
 import numpy as np
 import panel as pn
@@ -62,7 +61,6 @@ class PseudoLabelView(RunView):
         self._series = LiveCurves("precision / coverage reported by the run", "not written by this run", name="pl-series")
         self.quality: dict[str, float] = {}
         self._shown: tuple[xr.Dataset, xr.DataArray | None, bool] | None = None  # what the figures show now
-        self._judge_lock = threading.Lock()
         self._found: str | None = None  # the table found to hold the pseudo labels
         self._own: RunReader | None = None  # its reader, when it is not the reader's table
 
@@ -124,20 +122,24 @@ class PseudoLabelView(RunView):
         self._update_series()
 
     def _judge(self, ds: xr.Dataset, truth: xr.DataArray | None, has_truth: bool) -> None:
-        """The summary and the confidence histogram at the current threshold and bins."""
-        with self._judge_lock:  # a widget change never waits for a periodic read, only for this
-            self._judge_locked(ds, truth, has_truth)
+        """The summary and the confidence histogram at the current threshold and bins.
 
-    def _judge_locked(self, ds: xr.Dataset, truth: xr.DataArray | None, has_truth: bool) -> None:
-        q = label_quality(ds, truth, self.threshold)
+        Takes no lock (a widget change must never wait for a periodic read in a low-priority thread):
+        a result computed for a threshold or bin count that changed meanwhile is dropped, since the
+        change judges again with the new one.
+        """
+        threshold, bins = self.threshold, self.bins
+        q = label_quality(ds, truth, threshold)
+        parts = ["right", "wrong", "unjudged"] if has_truth else ["unjudged"]
+        hist = confidence_histogram(ds, truth, bins)
+        if (threshold, bins) != (self.threshold, self.bins):
+            return
         self.quality = q
         self.summary.object = (
             f"**precision** {_fmt(q['precision'])} &nbsp; **coverage** {_fmt(q['coverage'])} "
             f"&nbsp; labelled rows {int(q['labelled'])} of {int(q['rows'])} (judged {int(q['judged'])}) "
-            f"at confidence >= {self.threshold:.2f}"
+            f"at confidence >= {threshold:.2f}"
         )
-        parts = ["right", "wrong", "unjudged"] if has_truth else ["unjudged"]
-        hist = confidence_histogram(ds, truth, self.bins)
         self._hist.set(hist["bin"].values, {p: hist[p].values for p in parts})
 
     def _rejudge(self) -> None:

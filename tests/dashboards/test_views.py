@@ -207,6 +207,10 @@ def test_reads_happen_off_the_page_and_updates_are_queued_until_flushed(run: pat
     assert view.flush() >= 4
     assert not view._l2.pending and not view._l2.note.visible
     assert view._l2.points() == {"mean": 2, "p50": 2, "p90": 2, "p99": 2}
+    # The map is rasterised after the curves are out (datashader is the slow part).
+    assert view._map.note.visible and not view._map.pending
+    assert view.finish() and view._map.pending and view.flush() == 1
+    assert not view.finish()  # nothing left to draw
     image = view._map.source.data["image"][0]
     assert image.dtype == np.uint32 and image.shape == (420, 420) and (image != 0).any()
 

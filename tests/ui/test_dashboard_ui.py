@@ -214,6 +214,11 @@ def test_live_run_renders_and_shows_new_bank_writes_within_2s(
             page.wait_for_timeout(1500)
             if tab == "Pseudo labels":
                 _wait_text(page, r"precision", 10)
+            if tab == "Embedding drift":  # the drift curves get points once two snapshots are read
+                deadline = time.monotonic() + 60
+                while page.evaluate(_POINTS, "drift-l2/mean") < 1 and time.monotonic() < deadline:
+                    page.wait_for_timeout(250)
+                assert page.evaluate(_POINTS, "drift-l2/mean") >= 1, "no drift curve on the page after 60 s"
             name = tab.lower().replace(" ", "-")
             page.screenshot(path=str(artifacts_dir / f"dashboard-{name}.png"), full_page=True)
         assert page.locator("canvas").count() >= 4
