@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pathlib
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -199,13 +200,17 @@ class ContrastiveTrainer(Trainer):
         Optimisation and model sizes.
     seed
         Seed of the model initialisation, batches and samples.
+    bank_wait_s
+        Until the maker has filled the bank the steps use in-batch negatives only; with
+        ``bank_wait_s > 0`` the first step after the first published version waits up to that many
+        seconds for the maker's first pass (once), so short runs use bank negatives for certain.
     name, max_steps, publish_every
         See :class:`~carls_dask.runtime.trainer.Trainer`.
     """
 
     def __init__(self, corpus: CorpusSpec, *, negatives: str = "uniform", n_negatives: int = 256, n_hard: int = 8,
                  reencode: bool = True, logq_correction: bool = False, batch_size: int = 32, lr: float = 2e-3, dim: int = 64, hidden: int = 128,
-                 weight_decay: float = 1e-4, seed: int = 0, name: str = "trainer", max_steps: int | None = 400,
+                 weight_decay: float = 1e-4, seed: int = 0, bank_wait_s: float = 0.0, name: str = "trainer", max_steps: int | None = 400,
                  publish_every: int | None = 20) -> None:
         super().__init__(name, max_steps=max_steps, publish_every=publish_every)
         _check_choice(f"ContrastiveTrainer {name!r}", "negatives", negatives, NEGATIVES)
@@ -225,6 +230,7 @@ class ContrastiveTrainer(Trainer):
         self.hidden = hidden
         self.weight_decay = weight_decay
         self.seed = seed
+        self.bank_wait_s = float(bank_wait_s)
 
     def setup(self, ctx: LoopContext) -> None:
         import torch
@@ -255,12 +261,19 @@ class ContrastiveTrainer(Trainer):
         self.ages: list[float] = []
         self.bank_steps = 0
 
-    def _ready(self) -> bool:
-        """Whether the maker has filled the corpus tables (checked until it has)."""
-        if not self.bank_ready:
-            assert self.ctx is not None
+    def _ready(self, step: int = 0) -> bool:
+        """Whether the maker has filled the corpus tables (checked until it has; see ``bank_wait_s``)."""
+        assert self.ctx is not None
+        every = self.publish_every or self.ctx.publish_every
+        deadline = None
+        if self.bank_wait_s > 0 and not self.bank_ready and step > every:
+            deadline = time.monotonic() + self.bank_wait_s
+            self.bank_wait_s = 0.0  # once
+        while not self.bank_ready:
             got = self.ctx.bank.lookup(TEXTS, self.keys[:1], columns=["embedding"])
             self.bank_ready = bool(got.found[0])
+            if self.bank_ready or deadline is None or time.monotonic() > deadline or self.ctx.stop.wait(0.05):
+                break
         return self.bank_ready
 
     def _hard_negatives(self, table: str, query: Any, pos_keys: np.ndarray) -> tuple[Any, Any, float]:
@@ -342,7 +355,7 @@ class ContrastiveTrainer(Trainer):
         pos = self.keys[idx]
         in_batch = torch.from_numpy(self._same_concept(pos, pos)).to(self.device)
         out: dict[str, float] = {}
-        if self.use_bank and self._ready() and self.reencode:
+        if self.use_bank and self._ready(step) and self.reencode:
             if self.negatives == "hard":
                 tn, tm = self._fresh_hard(TEXTS, img, pos)
                 im, imask = self._fresh_hard(IMAGES, txt, pos)

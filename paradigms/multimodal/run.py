@@ -54,7 +54,7 @@ class ExperimentResult:
 
 def run_contrastive(wb: Any, corpus: CorpusSpec, *, negatives: str, seed: int = 0, steps: int = 400,
                     batch_size: int = 32, n_negatives: int = 256, n_hard: int = 8, reencode: bool = True,
-                    logq_correction: bool = False, dim: int = 64,
+                    logq_correction: bool = False, dim: int = 64, bank_wait_s: float = 0.0,
                     publish_every: int = 20, classifier_steps: int = 0, timeout: float = 1800.0) -> ExperimentResult:
     """Run a :class:`ContrastiveTrainer` and a :class:`CorpusMaker` in the running Workbench ``wb``.
 
@@ -67,6 +67,7 @@ def run_contrastive(wb: Any, corpus: CorpusSpec, *, negatives: str, seed: int = 
     logger.info("pretrained features written for %d corpus rows", written)
     trainer = ContrastiveTrainer(corpus, negatives=negatives, seed=seed, max_steps=steps, batch_size=batch_size,
                                  n_negatives=n_negatives, n_hard=n_hard, reencode=reencode, logq_correction=logq_correction, dim=dim,
+                                 bank_wait_s=bank_wait_s,
                                  publish_every=publish_every)
     wb.submit_trainer(trainer)
     wb.submit_maker(CorpusMaker(corpus, dim=dim, source=trainer.name))

@@ -272,7 +272,7 @@ def test_run_with_bank_negatives_maker_and_bank_held_classes(client, corpus_spec
     steps = 20
     with Workbench(client, progress=False, name="mm-test") as wb:
         r = run_contrastive(wb, corpus_spec, negatives="hard", n_hard=4, reencode=False, seed=0, steps=steps,
-                            dim=16, publish_every=10, classifier_steps=10, timeout=240)
+                            dim=16, publish_every=10, classifier_steps=10, bank_wait_s=120, timeout=240)
         bank = wb.bank
         keys = c.train_keys
         assert bank.size("texts") == bank.size("images") == len(keys)
