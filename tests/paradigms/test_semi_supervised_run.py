@@ -119,3 +119,27 @@ def test_cli_run_semi_supervised_writes_a_run_folder(data_dir: pathlib.Path, tmp
     assert {"bank", "metrics.zarr", "run.json", "truth.npz"} <= {p.name for p in run.iterdir()}
     assert open_bank(run / "bank", table="nodes").sizes["key"] == 2708
     assert int(open_metrics(run / "metrics.zarr")["step"].max()) <= 12
+
+
+def test_balanced_pseudo_labels_on_the_cluster_keep_each_class_quota(
+    client: object, data_dir: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    from storage import open_bank
+
+    cfg = SemiSupervisedConfig(mode="bank", pseudo_labels=True, pseudo_selection="balanced", pseudo_fraction=0.2,
+                               pseudo_warmup=6, k=3, steps=24, unlabelled_batch=64, hidden=(16,), eval_every=8)
+    run = tmp_path / "run"
+    result = run_semi_supervised(cfg, cluster=client, run_dir=run, data_dir=data_dir, publish_every=6,
+                                 progress=False, timeout=240)
+    pl = result["makers"]["pseudo-labeller"]
+    labels = open_bank(run / "bank", table="pseudo_labels")
+    keys = labels["key"].values
+    # share 0.2 of the 2568 unlabelled nodes, at most round(0.2 * 2568 / 7) = 73 per class
+    assert 0 < len(keys) <= 7 * 73 and pl["pl_count"] == len(keys)
+    assert int(np.bincount(labels["pseudo_label"].values, minlength=7).max()) <= 73
+    assert not set(keys.tolist()) & set(range(140))
+    assert int(labels["model_step"].min()) >= 6  # nothing from before the warm-up
+    truth = np.load(run / "truth.npz")
+    lookup = dict(zip(truth["keys"].tolist(), truth["labels"].tolist(), strict=True))
+    right = np.mean([lookup[k] == p for k, p in zip(keys.tolist(), labels["pseudo_label"].values.tolist(), strict=True)])
+    assert float(right) == pytest.approx(pl["pl_precision"])
