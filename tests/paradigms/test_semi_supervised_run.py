@@ -62,8 +62,14 @@ def test_bank_run_writes_knowledge_with_provenance_and_pseudo_label_quality(
     metrics = open_metrics(run / "metrics.zarr")
     # (maker reports that arrive after the trainer's last step are not rows of the store, so the
     # pseudo-label series are checked on the run's result above)
-    for name in ("trainer.neighbour_age_s", "trainer.neighbour_found", "trainer.val_acc", "train_loss", "steps_per_s"):
+    for name in ("trainer.neighbour_found", "trainer.val_acc", "train_loss", "steps_per_s"):
         assert name in metrics.data_vars, name
+    # a fast trainer can end its 24 steps before the maker's first rows land: the age series exists
+    # once a step found neighbour rows
+    if np.isfinite(result["mean_neighbour_age_s"]):
+        assert "trainer.neighbour_age_s" in metrics.data_vars or int(metrics.sizes["step"]) == 1
+    else:
+        assert float(metrics["trainer.neighbour_found"].max()) == 0.0
     assert int(metrics["step"].max()) <= 24
     record = json.loads((run / "semi_supervised.json").read_text())
     assert record["config"]["k"] == 3 and record["result"]["steps"] == 24
