@@ -5,7 +5,8 @@
 - :mod:`~paradigms.semi_supervised.loss`, :mod:`~paradigms.semi_supervised.pseudo_labels`,
   :mod:`~paradigms.semi_supervised.neighbours`, :mod:`~paradigms.semi_supervised.model`: its parts;
 - :mod:`~paradigms.semi_supervised.loops`: the bank-backed trainer and the two knowledge makers;
-- :mod:`~paradigms.semi_supervised.run`: :func:`run_semi_supervised` and ``carls-dask run semi-supervised``.
+- :mod:`~paradigms.semi_supervised.run`: :func:`run_semi_supervised` and ``carls-dask run semi-supervised``;
+- :mod:`~paradigms.semi_supervised.inline`: :func:`run_inline`, the same loops in one process in lock step.
 """
 
 from __future__ import annotations
