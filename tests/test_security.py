@@ -15,6 +15,7 @@ from carls_dask.bank import Column, TableSpec
 from carls_dask.errors import ConfigError
 from carls_dask.runtime.clusters import make_security
 from carls_dask.runtime.workbench import Workbench
+from tests.processes import free_port, stop_process
 
 CONNECT_DEADLINE = 5.0
 
@@ -163,14 +164,6 @@ def _listening(pids: list[int]) -> dict[int, str]:
     return out
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_cluster_scheduler_workers_and_dask_dashboard_listen_on_localhost() -> None:
     import os
 
@@ -191,7 +184,7 @@ def _serve_and_read_interface(tmp_path: pathlib.Path, *extra: str, env: dict[str
     import subprocess
     import sys
 
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "carls_dask.cli", "dashboard", str(tmp_path / "run"), "--port", str(port), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, **(env or {})})
@@ -208,12 +201,7 @@ def _serve_and_read_interface(tmp_path: pathlib.Path, *extra: str, env: dict[str
             time.sleep(0.2)
         raise AssertionError(f"the dashboard did not listen on port {port} within 90 s")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=20)
+        stop_process(proc)
 
 
 def test_served_dashboard_binds_localhost_unless_told_otherwise(tmp_path: pathlib.Path) -> None:

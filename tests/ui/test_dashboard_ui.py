@@ -8,7 +8,6 @@ import json
 import os
 import pathlib
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ pytest.importorskip("playwright")
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
 from tests.dashboards.runfolder import nodes, write_snapshot
+from tests.processes import free_port, stop_process
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]
 
@@ -36,25 +36,9 @@ ARGS = [
 START_DEADLINE = 400.0  # seconds for the server to answer and the page to draw (2 shared cores, cold imports)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=20)
-
-
 @contextlib.contextmanager
 def _serve(run: pathlib.Path, log: pathlib.Path, plot_refresh: str | None = None) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, DASK_CARLS__DASHBOARD__REFRESH="0.5s", PYTHONPATH=str(ROOT))
     if plot_refresh is not None:
         env["DASK_CARLS__DASHBOARD__PLOT_REFRESH"] = plot_refresh
@@ -79,7 +63,7 @@ def _serve(run: pathlib.Path, log: pathlib.Path, plot_refresh: str | None = None
                 time.sleep(0.5)
         yield url
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +148,7 @@ def writing_run(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
     try:
         yield run
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 @pytest.fixture
@@ -174,7 +158,7 @@ def writing_big_run(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
     try:
         yield run
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 def test_live_run_renders_and_shows_new_bank_writes_within_2s(
