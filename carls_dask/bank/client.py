@@ -21,7 +21,18 @@ from carls_dask import config
 from carls_dask.bank.actor import BankShard
 from carls_dask.bank.core import LookupResult
 from carls_dask.bank.hashing import bucket_of, to_int64_keys
-from carls_dask.bank.rehoming import adopt_or_rehome, is_lost, run_on_loop, watched, with_op_ids
+from carls_dask.bank.rehoming import (
+    adopt_or_rehome,
+    forget_table,
+    install_walltime_plugin,
+    is_lost,
+    publish_table,
+    rehome_stats,
+    run_on_loop,
+    set_base,
+    watched,
+    with_op_ids,
+)
 from carls_dask.bank.sampling import NegativeSample, order_by_frequency, sample_candidates
 from carls_dask.bank.schema import TableSpec, check_batch_size, coerce_column_values, unknown_table
 from storage.errors import (
@@ -247,8 +258,6 @@ class KnowledgeBank:
     def _publish(client: Any, name: str, handles: Sequence[Any], specs: Sequence[TableSpec], owner: np.ndarray,
                  buckets: int, initial_capacity: int, log_root: str | None, log_sync: bool) -> None:
         """Store the shard table for re-homing (see :mod:`carls_dask.bank.rehoming`)."""
-        from carls_dask.bank.rehoming import install_walltime_plugin, publish_table
-
         publish_table(client, name, handles, [t.to_json() for t in specs],
                       [np.flatnonzero(owner == s).tolist() for s in range(len(handles))],
                       buckets=buckets, initial_capacity=initial_capacity, log_root=log_root, log_sync=log_sync)
@@ -669,8 +678,6 @@ class KnowledgeBank:
                 tot = totals.setdefault(t, {"rows": 0, "bytes_allocated": 0, "bytes_used": 0})
                 for f in tot:
                     tot[f] += int(info[f])
-        from carls_dask.bank.rehoming import rehome_stats
-
         return {"name": self.name, "n_shards": self.n_shards, "buckets": self.buckets, "shards": per, "tables": totals,
                 "rehoming": rehome_stats(self)}
 
@@ -758,8 +765,6 @@ class KnowledgeBank:
             bank.close()
             raise
         if log_root is not None and str(log_root) != str(root):
-            from carls_dask.bank.rehoming import set_base
-
             set_base(client, bank.name, str(root), int(man["version"]))
         logger.info("bank %s restored from v%d of %s: %s", bank.name, man["version"], root, done)
         return bank
@@ -774,8 +779,6 @@ class KnowledgeBank:
         finally:
             self._closed = True
             if self._futures:
-                from carls_dask.bank.rehoming import forget_table
-
                 forget_table(self)
             for f in self._futures:
                 f.release()
