@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.bank.hashing import splitmix64
+from carls_dask.bank.hashing import bucket_of_hash, splitmix64
 
 __all__ = ["KeyIndex"]
 
@@ -63,6 +63,40 @@ if numba is not None:
                     row_out[i] = r
                     break
                 pos = (pos + 1) & mask
+
+    @numba.njit(cache=True, nogil=True)
+    def _read_compiled(table, shift, mask, keys, n_buckets, owned, check, row_data, rows_out, meta_out, missing):
+        # one pass per key: splitmix64, bucket ownership, probe, and the key's provenance copied out
+        low = np.uint64(0xFFFFFFFF)
+        nb = np.uint64(n_buckets)
+        width = meta_out.shape[1]
+        for i in range(keys.shape[0]):
+            z = np.uint64(keys[i]) + np.uint64(0x9E3779B97F4A7C15)
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            h = z ^ (z >> np.uint64(31))
+            if check and not owned[np.int64(h % nb)]:
+                return i
+            pos = np.int64(h >> shift)
+            tag = h & low
+            r = np.int64(-1)
+            while True:
+                s = table[pos]
+                rs = np.int64(np.int32(np.uint32(s & low)))
+                if rs == -1:
+                    break
+                if rs >= 0 and (s >> np.uint64(32)) == tag and row_data[rs, 0] == keys[i]:
+                    r = rs
+                    break
+                pos = (pos + 1) & mask
+            rows_out[i] = r
+            if r >= 0:
+                for j in range(width):
+                    meta_out[i, j] = row_data[r, j + 1]
+            else:
+                for j in range(width):
+                    meta_out[i, j] = missing[j]
+        return -1
 
     @numba.njit(cache=True, nogil=True)
     def _place_compiled(table, shift, mask, hashes, rows):
@@ -213,6 +247,53 @@ class KeyIndex:
             ok = more >= 0
             data[rest[ok]] = np.take(row_data, more[ok], axis=0)
         return rows, data
+
+    def read(
+        self,
+        keys: np.ndarray,
+        row_data: np.ndarray,
+        buckets: int,
+        owned: np.ndarray | None,
+        rows_out: np.ndarray,
+        meta_out: np.ndarray,
+        missing: np.ndarray,
+    ) -> int:
+        """A whole read in one pass: hash, bucket check, probe and the rows' data after the key column.
+
+        Parameters
+        ----------
+        keys
+            ``int64[n]`` keys (already checked).
+        row_data
+            ``int64[rows, 1 + w]`` per-row data whose column 0 holds the key.
+        buckets, owned
+            Number of hash buckets and the ``bool[buckets]`` mask of buckets the caller owns (None:
+            all of them).
+        rows_out, meta_out
+            Filled with each key's row (-1 where absent) and ``row_data[row, 1:]`` (``missing`` where
+            absent).
+
+        Returns
+        -------
+        int
+            The position of the first key whose bucket is not owned (the outputs are then partly
+            written), or -1.
+        """
+        n = keys.shape[0]
+        if self.compiled and n:
+            return int(_read_compiled(self.table, self._shift, self._mask, keys, np.int64(buckets),
+                                      owned if owned is not None else np.ones(1, dtype=bool), owned is not None,
+                                      row_data, rows_out, meta_out, missing))
+        h = self.hashes(keys)
+        if owned is not None:
+            bad = ~owned[bucket_of_hash(h, buckets)]
+            if bad.any():
+                return int(np.flatnonzero(bad)[0])
+        rows, data = self.find_with_rows(keys, row_data, h)
+        rows_out[:] = rows
+        meta_out[:] = data[:, 1:]
+        meta_out[rows < 0] = missing
+        return -1
 
     def _probe(
         self, keys: np.ndarray, tags: np.ndarray, start: np.ndarray, key_column: np.ndarray

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from carls_dask.bank.hashing import splitmix64
+from carls_dask.bank.hashing import bucket_of_hash, splitmix64
 from carls_dask.bank.keyindex import KeyIndex
 
 _G = 0x9E3779B97F4A7C15
@@ -128,3 +128,25 @@ def test_build_places_every_key_of_a_column(compiled: bool) -> None:
     assert idx.live == keys.size and idx.live <= idx.max_load * idx.table.size
     assert np.array_equal(idx.find(keys, keys), np.arange(keys.size))
     assert (idx.find(keys + 1, keys) == -1).sum() >= keys.size - 2
+
+
+def test_read_finds_rows_copies_their_data_and_stops_at_a_foreign_bucket(compiled: bool) -> None:
+    rng = np.random.default_rng(3)
+    keys = rng.choice(2**40, size=3000, replace=False).astype(np.int64)
+    data = np.column_stack([keys, rng.integers(0, 100, size=(3000, 4))]).astype(np.int64)
+    idx = KeyIndex.build(keys, compiled=compiled)
+    missing = np.array([0, -1, 0, 5], dtype=np.int64)
+    asked = np.r_[keys[::7], -keys[:40] - 1]  # present keys, then absent ones
+    rng.shuffle(asked)
+    rows = np.empty(asked.size, dtype=np.int64)
+    meta = np.empty((asked.size, 4), dtype=np.int64)
+    assert idx.read(asked, data, 16, None, rows, meta, missing) == -1
+    want = {int(k): r for r, k in enumerate(keys)}
+    for i, k in enumerate(asked.tolist()):
+        r = want.get(k, -1)
+        assert rows[i] == r
+        assert meta[i].tolist() == (data[r, 1:].tolist() if r >= 0 else missing.tolist())
+    owned = np.zeros(16, dtype=bool)
+    owned[bucket_of_hash(splitmix64(keys[:1].view(np.uint64)), 16)] = True
+    first_bad = int(np.flatnonzero(~owned[bucket_of_hash(splitmix64(asked.view(np.uint64)), 16)])[0])
+    assert idx.read(asked, data, 16, owned, rows, meta, missing) == first_bad
