@@ -17,8 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
+from dask.utils import parse_bytes
 
-from carls_dask.bank.core import LookupResult, ShardCore
+from carls_dask import config
+from carls_dask.bank.core import LookupRows, ShardCore
 from carls_dask.bank.sampling import NegativeSample
 from carls_dask.bank.schema import TableSpec
 from storage.deltalog import MAKERS_TABLE
@@ -119,6 +121,7 @@ class BankShard:
             buckets=buckets,
             owned_buckets=owned_buckets,
             initial_capacity=initial_capacity,
+            answer_buffers=parse_bytes(config.get("bank.answer-buffers")),
         )
         self._lock = threading.RLock()
         self.log_root = log_root
@@ -204,13 +207,12 @@ class BankShard:
         keys: np.ndarray,
         columns: Sequence[str] | None = None,
         insert: bool = False,
-        max_staleness: float | None = None,
         op_id: int | None = None,
-    ) -> LookupResult:
-        """See :meth:`ShardCore.lookup`; a retried ``insert`` batch (same ``op_id``) only reads."""
+    ) -> LookupRows:
+        """See :meth:`ShardCore.lookup_rows`; a retried ``insert`` batch (same ``op_id``) only reads."""
         if insert and self._seen(op_id, keys, "lookup") is not None:
             insert = False
-        res = self.core.lookup(table, keys, columns=columns, insert=insert, max_staleness=max_staleness)
+        res = self.core.lookup_rows(table, keys, columns=columns, insert=insert)
         if insert:
             if self._log is not None:  # allocations and frequencies are state: log the rows
                 self._log_upsert(table, np.asarray(keys, dtype=np.int64), op_id)
@@ -218,8 +220,8 @@ class BankShard:
         return res
 
     async def lookup_on_loop(
-        self, table: str, keys: np.ndarray, columns: Sequence[str] | None = None, max_staleness: float | None = None
-    ) -> LookupResult:
+        self, table: str, keys: np.ndarray, columns: Sequence[str] | None = None
+    ) -> LookupRows:
         """A read-only :meth:`lookup` run on the worker's event loop when the shard is free.
 
         Dask runs an actor's coroutine methods on the worker's event loop, which saves the hop to the
@@ -230,11 +232,11 @@ class BankShard:
         if self._lock.acquire(blocking=False):
             try:
                 self._check_live()  # a retired shard (its worker closing) re-routes reads too
-                return self.core.lookup(table, keys, columns=columns, insert=False, max_staleness=max_staleness)
+                return self.core.lookup_rows(table, keys, columns=columns, insert=False)
             finally:
                 self._lock.release()
         return await asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(self.lookup, table, keys, columns, False, max_staleness)
+            None, functools.partial(self.lookup, table, keys, columns, False)
         )
 
     @_locked

@@ -19,7 +19,7 @@ import numpy as np
 
 from carls_dask import config
 from carls_dask.bank.actor import BankShard
-from carls_dask.bank.core import LookupResult
+from carls_dask.bank.core import LookupResult, gather_rows
 from carls_dask.bank.hashing import bucket_of, to_int64_keys
 from carls_dask.bank.rehoming import (
     adopt_or_rehome,
@@ -389,7 +389,7 @@ class KnowledgeBank:
             if future is not None and future.status not in ("finished", "pending"):
                 raise RuntimeError(f"Worker holding Actor was lost.  Status: {future.status}")
             if method == "lookup" and not args[3] and not kwargs:  # a read: on the worker's event loop
-                method, args = "lookup_on_loop", (args[0], args[1], args[2], args[4])
+                method, args = "lookup_on_loop", args[:3]
             return _Deferred(handle, method, args, kwargs)
         except Exception as exc:
             return _Failed(exc)
@@ -481,29 +481,11 @@ class KnowledgeBank:
             raise InvalidBatchError(f"table {table!r}: max_staleness must be >= 0 seconds, got {max_staleness!r}")
         k = self._keys(table, keys)
         routes = self._route(k)
-        parts = self._call(
-            [(s, "lookup", (table, k[idx], names, bool(insert), max_staleness), {}) for s, idx in routes]
-        )
+        parts = self._call([(s, "lookup", (table, k[idx], names, bool(insert)), {}) for s, idx in routes])
         if len(routes) == 1:
-            return parts[0]
-        n = k.shape[0]
-        values = {c: np.empty((n, *spec.column(c).shape), dtype=spec.column(c).np_dtype) for c in names}
-        found = np.empty(n, dtype=bool)
-        age = np.empty(n, dtype=np.float64)
-        version = np.empty(n, dtype=np.int64)
-        model_step = np.empty(n, dtype=np.int64)
-        frequency = np.empty(n, dtype=np.int64)
-        stale = np.empty(n, dtype=bool)
-        for (_, idx), r in zip(routes, parts, strict=True):
-            for c in names:
-                values[c][idx] = r.values[c]
-            found[idx] = r.found
-            age[idx] = r.age
-            version[idx] = r.version
-            model_step[idx] = r.model_step
-            frequency[idx] = r.frequency
-            stale[idx] = r.stale
-        return LookupResult(values, found, age, version, model_step, frequency, stale)
+            return parts[0].result(max_staleness)
+        return gather_rows([(idx, r) for (_, idx), r in zip(routes, parts, strict=True)], k.shape[0],
+                           {c: spec.column(c) for c in names}, max_staleness)
 
     def update(
         self,

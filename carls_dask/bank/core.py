@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.bank.buffers import BufferPool
 from carls_dask.bank.hashing import (
     bucket_of_hash,
     mix_seed,
@@ -33,6 +34,7 @@ from carls_dask.bank.schema import (
     coerce_column_values,
     unknown_table,
 )
+from carls_dask.bank.topk import exact_top_k
 from storage.errors import (
     IncompatibleStoreError,
     InvalidBatchError,
@@ -40,11 +42,10 @@ from storage.errors import (
     InvalidShapeError,
 )
 
-__all__ = ["STATE_FORMAT", "LookupResult", "ShardCore", "TableState"]
+__all__ = ["STATE_FORMAT", "LookupResult", "LookupRows", "ShardCore", "TableState", "gather_rows"]
 
 STATE_FORMAT = 1
 METRICS = ("dot", "cosine")
-_TOPK_CHUNK = 65536
 
 
 @dataclasses.dataclass
@@ -76,6 +77,71 @@ class LookupResult:
     model_step: np.ndarray
     frequency: np.ndarray
     stale: np.ndarray
+
+
+#: What a missing key reads in :attr:`LookupRows.meta`: version 0, model step -1, frequency 0, age NaN.
+_MISSING_META = np.array([0, -1, 0, np.array(np.nan).view(np.int64)], dtype=np.int64)
+
+
+@dataclasses.dataclass
+class LookupRows:
+    """A lookup's answer in the compact form a shard sends it: the values and one provenance array.
+
+    Attributes
+    ----------
+    values
+        Column name -> ``[n, *shape]`` array; rows of missing keys are zeros.
+    meta
+        ``int64[n, 4]``: version, model step, frequency and age (float64 bits, seconds) of each row;
+        ``(0, -1, 0, NaN)`` for a missing key.
+    found
+        ``bool[n]``, or None when every key was found.
+    """
+
+    values: dict[str, np.ndarray]
+    meta: np.ndarray
+    found: np.ndarray | None
+
+    def result(self, max_staleness: float | None = None) -> LookupResult:
+        """The :class:`LookupResult` (its provenance arrays are views of :attr:`meta`)."""
+        return _result(self.values, self.meta, self.found, max_staleness)
+
+
+def _result(values: dict[str, np.ndarray], meta: np.ndarray, found: np.ndarray | None,
+            max_staleness: float | None) -> LookupResult:
+    n = meta.shape[0]
+    age = meta[:, 3].view(np.float64)
+    ok = np.ones(n, dtype=bool) if found is None else found
+    stale = np.zeros(n, dtype=bool) if max_staleness is None else ok & (age > float(max_staleness))
+    return LookupResult(values=values, found=ok, age=age, version=meta[:, 0], model_step=meta[:, 1],
+                        frequency=meta[:, 2], stale=stale)
+
+
+def gather_rows(parts: Sequence[tuple[Any, LookupRows]], n: int, specs: Mapping[str, Column],
+                max_staleness: float | None = None) -> LookupResult:
+    """One :class:`LookupResult` in key order from the answers of several shards.
+
+    Parameters
+    ----------
+    parts
+        ``(positions, rows)`` of each shard: where its keys sit in the batch, and its answer.
+    n
+        Keys in the batch.
+    specs
+        The columns answered, by name.
+    """
+    values = {c: np.empty((n, *col.shape), dtype=col.np_dtype) for c, col in specs.items()}
+    meta = np.empty((n, 4), dtype=np.int64)
+    found = None
+    if any(r.found is not None for _, r in parts):
+        found = np.ones(n, dtype=bool)
+    for idx, r in parts:
+        for c in specs:
+            values[c][idx] = r.values[c]
+        meta[idx] = r.meta
+        if r.found is not None and found is not None:
+            found[idx] = r.found
+    return _result(values, meta, found, max_staleness)
 
 
 class TableState:
@@ -224,6 +290,9 @@ class ShardCore:
         Source of wall time (unix seconds); injectable for tests.
     check_ownership
         Whether batches are checked to hold only keys of owned buckets.
+    answer_buffers
+        Bytes of large answer arrays kept for reuse (see :class:`~carls_dask.bank.buffers.BufferPool`);
+        0 allocates every answer afresh.
     """
 
     def __init__(
@@ -237,6 +306,7 @@ class ShardCore:
         initial_capacity: int = 1024,
         clock: Callable[[], float] = time.time,
         check_ownership: bool = True,
+        answer_buffers: int = 0,
     ) -> None:
         if not tables:
             raise ValueError("a shard needs at least one table")
@@ -255,6 +325,7 @@ class ShardCore:
         self._owns_all = bool(self._owned_mask.all())
         self.check_ownership = bool(check_ownership)
         self.clock = clock
+        self.buffers = BufferPool(answer_buffers)
         self.initial_capacity = int(initial_capacity)
         self.makers: list[str] = [""]
         self._maker_codes: dict[str, int] = {"": 0}
@@ -283,12 +354,15 @@ class ShardCore:
         if self.check_ownership and not self._owns_all:
             bad = ~self._owned_mask[b]
             if bad.any():
-                i = int(np.flatnonzero(bad)[0])
-                raise InvalidBatchError(
-                    f"table {t.spec.name!r}: key {int(k[i])} (bucket {int(b[i])}) is out of range for shard "
-                    f"{self.shard}, which owns {self.owned_buckets.size} of {self.buckets} buckets"
-                )
+                raise self._not_owned(t, int(k[int(np.flatnonzero(bad)[0])]))
         return k, b, h
+
+    def _not_owned(self, t: TableState, key: int) -> InvalidBatchError:
+        b = int(bucket_of_hash(splitmix64(np.array([key], dtype=np.int64).view(np.uint64)), self.buckets)[0])
+        return InvalidBatchError(
+            f"table {t.spec.name!r}: key {key} (bucket {b}) is out of range for shard "
+            f"{self.shard}, which owns {self.owned_buckets.size} of {self.buckets} buckets"
+        )
 
     def maker_code(self, maker: str) -> int:
         """The int32 code of a maker name (registered on first use)."""
@@ -363,13 +437,19 @@ class ShardCore:
         max_staleness
             Seconds; rows written longer ago are flagged in ``stale``.
         """
-        t = self.table(table)
-        names = list(t.spec.column_names) if columns is None else [t.spec.column(c).name for c in columns]
         if max_staleness is not None and not (float(max_staleness) >= 0):
             raise InvalidBatchError(f"table {table!r}: max_staleness must be >= 0 seconds, got {max_staleness!r}")
-        k, b, h = self._keys(t, keys)
+        return self.lookup_rows(table, keys, columns, insert).result(max_staleness)
+
+    def lookup_rows(
+        self, table: str, keys: Any, columns: Sequence[str] | None = None, insert: bool = False
+    ) -> LookupRows:
+        """:meth:`lookup` in the compact form a shard sends (see :class:`LookupRows`)."""
+        t = self.table(table)
+        names = list(t.spec.column_names) if columns is None else [t.spec.column(c).name for c in columns]
         now = self.clock()
         if insert:
+            k, b, h = self._keys(t, keys)
             uniq, first, inverse, counts = np.unique(k, return_index=True, return_inverse=True, return_counts=True)
             urows = t.index.find(uniq, t.keys, h[first])
             missing = urows < 0
@@ -379,35 +459,30 @@ class ShardCore:
             t.frequency[urows] += counts
             self.version += 1
             rows = urows[inverse]
-            meta = np.take(t.meta, rows, axis=0)
+            meta = self.buffers.empty((k.shape[0], 4), np.int64)
+            np.take(t.meta[:, 1:], rows, axis=0, out=meta, mode="clip")
         else:
-            rows, meta = t.index.find_with_rows(k, t.meta, h)
-        found = rows >= 0
-        all_found = bool(found.all())
-        if all_found:
-            values = {name: np.take(t.cols[name], rows, axis=0) for name in names}
-            age = now - meta[:, 4].view(np.float64)
-        else:
-            lost = ~found
-            safe = np.where(found, rows, 0)
-            values = {}
-            for name in names:
-                v = np.take(t.cols[name], safe, axis=0)
-                v[lost] = 0
-                values[name] = v
-            meta[lost] = (0, 0, -1, 0, 0)
-            age = now - meta[:, 4].view(np.float64)
-            age[lost] = np.nan
-        stale = np.zeros(k.shape[0], dtype=bool) if max_staleness is None else found & (age > float(max_staleness))
-        return LookupResult(
-            values=values,
-            found=found,
-            age=age,
-            version=meta[:, 1].copy(),
-            model_step=meta[:, 2].copy(),
-            frequency=meta[:, 3].copy(),
-            stale=stale,
-        )
+            k = check_keys(t.spec.name, keys)
+            rows = np.empty(k.shape[0], dtype=np.int64)
+            meta = self.buffers.empty((k.shape[0], 4), np.int64)
+            owned = self._owned_mask if self.check_ownership and not self._owns_all else None
+            bad = t.index.read(k, t.meta, self.buckets, owned, rows, meta, _MISSING_META)
+            if bad >= 0:
+                raise self._not_owned(t, int(k[bad]))
+        age = meta[:, 3].view(np.float64)
+        np.subtract(now, age, out=age)  # wall time -> age (NaN stays NaN)
+        found = None if insert else rows >= 0
+        if found is not None and found.all():
+            found = None
+        values = {}
+        for name in names:
+            col = t.cols[name]
+            out = self.buffers.empty((k.shape[0], *col.shape[1:]), col.dtype)
+            np.take(col, rows, axis=0, out=out, mode="clip")
+            if found is not None:
+                out[~found] = 0
+            values[name] = out
+        return LookupRows(values=values, meta=meta, found=found)
 
     def contains(self, table: str, keys: Any) -> np.ndarray:
         """``bool[n]``: whether each key is present (frequency untouched)."""
@@ -643,8 +718,10 @@ class ShardCore:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Exact top-k rows of this shard by dot product or cosine similarity.
 
-        Returns ``(keys[q, k'], scores[q, k'])`` best first, where ``k' = min(k, usable rows)``
-        (rows with a zero norm are not usable under cosine).
+        Returns ``(keys[q, k'], scores[q, k'])`` best first (ties: smaller key first), where
+        ``k' = min(k, usable rows)`` (rows with a zero norm are not usable under cosine). Large tables
+        and query batches use FAISS's exact flat index when ``faiss`` is installed, NumPy otherwise
+        (see :func:`carls_dask.bank.topk.exact_top_k`).
         """
         t = self.table(table)
         col = t.spec.column(column)
@@ -665,37 +742,15 @@ class ShardCore:
         check_finite(table, column, "query", q)
         if isinstance(k, bool) or int(k) <= 0:
             raise InvalidBatchError(f"table {table!r}: k must be a positive int, got {k!r}")
-        k = int(k)
-        if metric == "cosine":
-            qn = np.linalg.norm(q, axis=1, keepdims=True)
-            q = q / np.maximum(qn, 1e-12)
-        best_s = np.full((q.shape[0], 0), -np.inf, dtype=np.float32)
-        best_k = np.zeros((q.shape[0], 0), dtype=np.int64)
-        for lo in range(0, t.n, _TOPK_CHUNK):
-            hi = min(t.n, lo + _TOPK_CHUNK)
-            e = t.cols[column][lo:hi].astype(np.float32, copy=False)
-            keys = t.keys[lo:hi]
-            if metric == "cosine":
-                norms = np.linalg.norm(e, axis=1)
-                ok = norms >= 1e-6
-                e = e[ok] / norms[ok, None]
-                keys = keys[ok]
-            if keys.size == 0:
-                continue
-            s = q @ e.T
-            cand_s = np.concatenate([best_s, s], axis=1)
-            cand_k = np.concatenate([best_k, np.broadcast_to(keys, s.shape)], axis=1)
-            kk = min(k, cand_s.shape[1])
-            part = np.argpartition(-cand_s, kk - 1, axis=1)[:, :kk] if kk < cand_s.shape[1] else np.argsort(-cand_s, axis=1)
-            best_s = np.take_along_axis(cand_s, part, axis=1)
-            best_k = np.take_along_axis(cand_k, part, axis=1)
-        order = np.lexsort((best_k, -best_s), axis=1) if best_s.shape[1] else np.zeros_like(best_k)
-        return np.take_along_axis(best_k, order, axis=1), np.take_along_axis(best_s, order, axis=1)
+        return exact_top_k(t.cols[column][: t.n], t.keys[: t.n], q, int(k), metric, backend="auto")
 
     # -- state ------------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Sizes and memory of each table."""
-        out: dict[str, Any] = {"shard": self.shard, "version": self.version, "tables": {}}
+        """Sizes and memory of each table, and of the answer buffers kept for reuse."""
+        pool = self.buffers
+        out: dict[str, Any] = {"shard": self.shard, "version": self.version, "tables": {},
+                               "answer_buffers": {"bytes": pool.bytes, "reused": pool.reused,
+                                                  "allocated": pool.allocated}}
         for name, t in self.tables.items():
             out["tables"][name] = {
                 "rows": t.n,

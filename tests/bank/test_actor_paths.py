@@ -22,8 +22,8 @@ def shard() -> BankShard:
 def test_read_on_the_loop_matches_lookup_and_flags_missing_keys() -> None:
     s = shard()
     keys = np.array([3, 99, 7])
-    got = asyncio.run(s.lookup_on_loop("emb", keys, None, None))
-    want = s.lookup("emb", keys)
+    got = asyncio.run(s.lookup_on_loop("emb", keys, None)).result()
+    want = s.core.lookup("emb", keys)
     assert got.found.tolist() == [True, False, True]
     assert np.array_equal(got.values["embedding"], want.values["embedding"])
     assert np.array_equal(got.frequency, want.frequency) and np.array_equal(got.version, want.version)
@@ -44,7 +44,7 @@ def test_read_waits_in_a_thread_while_another_call_holds_the_shard() -> None:
     held.wait(10)
 
     async def read_while_busy() -> tuple[bool, np.ndarray]:
-        task = asyncio.ensure_future(s.lookup_on_loop("emb", np.array([1, 2]), ["embedding"], None))
+        task = asyncio.ensure_future(s.lookup_on_loop("emb", np.array([1, 2]), ["embedding"]))
         await asyncio.sleep(0.05)
         loop_free = not task.done()  # the loop keeps running while the read waits for the shard
         release.set()
@@ -54,4 +54,4 @@ def test_read_waits_in_a_thread_while_another_call_holds_the_shard() -> None:
     loop_free, values = asyncio.run(read_while_busy())
     t.join(10)
     assert loop_free
-    assert np.array_equal(values, s.lookup("emb", np.array([1, 2])).values["embedding"])
+    assert np.array_equal(values, s.core.lookup("emb", np.array([1, 2])).values["embedding"])

@@ -220,3 +220,31 @@ def test_a_task_on_the_shards_worker_calls_it_directly(client: Any) -> None:
         assert bank.lookup("items", np.arange(10)).version.tolist() == [2] * 10
     finally:
         bank.close()
+
+
+def test_answers_kept_by_the_caller_are_never_reused(client: Any) -> None:
+    """Shards recycle large answer buffers; an answer someone still holds must keep its rows."""
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    spec = TableSpec("wide", columns=(Column("embedding", shape=(64,)),), optimizer=None,
+                     initializer="uniform", init_scale=1.0)
+    keys = np.arange(20_000)  # 1.7 MB of values per third: pooled buffers
+    for n_shards in (1, 2):
+        bank = KnowledgeBank.create(client, [spec], n_shards=n_shards, workers=workers, buckets=64)
+        try:
+            bank.lookup("wide", keys, insert=True)
+
+            def reads(b: KnowledgeBank) -> tuple[list[np.ndarray], dict[str, int]]:
+                """Co-located with shard 0: three answers held at once (with one shard, views of its buffers)."""
+                held = [b.lookup("wide", keys[i::3]).values["embedding"] for i in range(3)]
+                for i in range(3):  # more reads while they are held
+                    b.lookup("wide", keys[i::3])
+                return [h.copy() for h in held], b._local_shard(0).core.stats()["answer_buffers"]
+
+            held, pool = client.submit(reads, bank, workers=[workers[0]], pure=False).result(timeout=60)
+            assert pool["allocated"] >= 3 and pool["reused"] >= 1, pool
+            remote = [bank.lookup("wide", keys[i::3]).values["embedding"] for i in range(3)]
+            for i in range(3):
+                np.testing.assert_array_equal(held[i], remote[i], err_msg=f"{n_shards} shards, answer {i}")
+            assert all(s["answer_buffers"]["reused"] >= 1 for s in bank.stats()["shards"])
+        finally:
+            bank.close()

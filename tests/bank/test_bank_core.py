@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from carls_dask.bank.core import ShardCore
+from carls_dask.bank.core import ShardCore, gather_rows
 from carls_dask.bank.hashing import bucket_of, hash_string, to_int64_keys
 from carls_dask.bank.schema import Column, TableSpec, nodes_table
 from carls_dask.errors import (
@@ -188,6 +188,37 @@ def test_provenance_versions_steps_makers_and_age() -> None:
     order = np.argsort(t["keys"])
     assert t["prov/maker"][order].tolist() == [1, 1, 0]
     np.testing.assert_allclose(t["prov/wall_time"][order], [105, 105, 100])
+
+
+@pytest.mark.parametrize("pooled", [0, 1 << 22], ids=["fresh", "pooled"])
+def test_answers_of_two_shards_gathered_equal_one_shard(pooled: int) -> None:
+    clock = Clock(50.0)
+    whole = ShardCore([nodes()], clock=clock, buckets=16)
+    halves = [ShardCore([nodes()], shard=s, n_shards=2, buckets=16, clock=clock, answer_buffers=pooled)
+              for s in range(2)]
+    keys = np.arange(300)
+    owner = bucket_of(keys, 16) % 2
+    for core, ks in [(whole, keys)] + [(halves[s], keys[owner == s]) for s in range(2)]:
+        core.lookup("nodes", ks, insert=True)
+        clock.t = 60.0
+        upd = ks[ks % 3 == 0]
+        core.update("nodes", upd, {"confidence": np.full(upd.size, 0.5)}, model_step=4)
+        clock.t = 50.0
+    clock.t = 70.0
+    asked = np.r_[keys[::2], 1000, 1001, keys[:5]]  # absent keys and repeats among them
+    own = bucket_of(asked, 16) % 2
+    parts = [(np.flatnonzero(own == s), halves[s].lookup_rows("nodes", asked[own == s])) for s in range(2)]
+    cols = {c.name: c for c in nodes().columns}
+    got = gather_rows(parts, asked.size, cols, max_staleness=15.0)
+    want = whole.lookup("nodes", asked, max_staleness=15.0)
+    assert got.found.tolist() == want.found.tolist() and not got.found[-7:-5].any()
+    for field in ("version", "model_step", "frequency", "stale"):
+        assert getattr(got, field).tolist() == getattr(want, field).tolist(), field
+    np.testing.assert_array_equal(got.age, want.age)
+    assert np.isnan(got.age[~got.found]).all() and got.model_step[~got.found].tolist() == [-1, -1]
+    for c in cols:
+        np.testing.assert_array_equal(got.values[c], want.values[c])
+    assert set(np.unique(got.age[got.found])) == {10.0, 20.0}  # written at 60 (every third key) or 50
 
 
 def test_initializer_depends_only_on_key_not_on_batch_or_shards() -> None:
