@@ -3,7 +3,10 @@
 For batches of 4096 and 65,536 fresh random keys at d=64 it measures rows/s of:
 
 - ``bank``: ``KnowledgeBank.lookup`` from this process to remote shard actors (``--shards``, default 2);
-- ``bare actor``: a Dask actor that returns a preallocated array of the same bytes (transport floor);
+- ``bare actor``: a Dask actor that returns a preallocated array of the same bytes as the bank's
+  answer, values and provenance (the transport floor the target refers to);
+- ``bare actor per worker``: one such actor on each worker, each returning half the batch at the
+  same time (the floor of the same fan-out as the bank's two shards; shown, not a target);
 - ``co-located``: ``KnowledgeBank.lookup`` from a task running on the worker that holds the shard;
 - ``local gather``: ``np.take`` of random rows from an in-memory array, in that same task;
 - ``redis``: ``MGET`` of packed float32 rows from a ``redis-server`` started here on 127.0.0.1
@@ -64,14 +67,23 @@ def rates(
     return {name: batch / statistics.median(t) for name, t in times.items()}
 
 
+#: Bytes per row of a lookup's answer: the d=64 float32 values plus its provenance (version, model
+#: step, frequency, age: four 8-byte numbers, see ``LookupRows``).
+ANSWER_ROW_BYTES = D * 4 + 4 * 8
+
+
 class Bare:
-    """The transport floor: returns a preallocated array of the bank's answer size."""
+    """The transport floor: returns a preallocated array of the bank's answer size (values + provenance)."""
 
     def __init__(self, rows: int) -> None:
-        self.out = {b: np.ones((b, D), np.float32) for b in BATCHES if b <= rows}
+        self.out = {b: np.ones((b, ANSWER_ROW_BYTES // 4), np.float32) for b in BATCHES if b <= rows}
 
     def get(self, keys: np.ndarray) -> np.ndarray:
         return self.out[keys.shape[0]]
+
+    def get_share(self, keys: np.ndarray, share: int) -> np.ndarray:
+        """The first ``share`` rows of the answer to ``keys`` (one shard's part of a batch)."""
+        return self.out[keys.shape[0]][:share]
 
 
 def colocated(bank: Any, n_rows: int, reps: dict[int, int], seed: int) -> dict[str, dict[int, float]]:
@@ -157,11 +169,20 @@ def main() -> None:
             bank.lookup("grad", keys[i:i + min(65536, grad_rows - i)], insert=True)
         print(f"loaded {n_rows:,} + {grad_rows:,} rows into {args.shards} shards in {time.perf_counter() - t0:.1f} s")
 
-        bare = client.submit(Bare, n_rows, actor=True, workers=[workers[1]]).result()
-        results["bank (remote shards)"], results["bare actor (floor)"] = {}, {}
+        bares = [client.submit(Bare, n_rows, actor=True, workers=[w]).result() for w in workers]
+        bare = bares[1]
+
+        def per_worker(k: np.ndarray) -> None:  # each worker answers half the batch, both at once
+            half = k.shape[0] // len(bares)
+            for f in [x.get_share(k, half) for x in bares]:
+                f.result()
+
+        names = ("bank (remote shards)", "bare actor (floor)", "bare actor per worker")
+        results.update({name: {} for name in names})
         for b, r in reps.items():  # calls taken in turn (see rates)
-            got = rates({"bank (remote shards)": (lambda k: bank.lookup("bench", k), keys_for),
-                         "bare actor (floor)": (lambda k: bare.get(k).result(), keys_for)}, b, r)
+            got = rates({names[0]: (lambda k: bank.lookup("bench", k), keys_for),
+                         names[1]: (lambda k: bare.get(k).result(), keys_for),
+                         names[2]: (per_worker, keys_for)}, b, r)
             for name, v in got.items():
                 results[name][b] = v
         gkeys = keys[:grad_rows]
@@ -222,6 +243,14 @@ def main() -> None:
         ]
     for name, got, target in checks:
         print(f"  {name:42s} {got:7.2f}x   target >= {target:.1f}x   {'ok' if got >= target else 'BELOW'}")
+    print("context (no targets)")
+    for b in BATCHES:
+        bank_rate, floor = results["bank (remote shards)"][b], results["bare actor (floor)"][b]
+        need = (3.0 if b == 4096 else 5.0) * results["redis MGET"][b]
+        print(f"  bank / bare actor per worker, batch {b:<6d}    "
+              f"{bank_rate / results['bare actor per worker'][b]:7.2f}x")
+        print(f"  the redis target at batch {b:<6d} asks for   {need / 1e6:7.2f} M rows/s = {need / floor:.2f}x the "
+              f"bare-actor floor")
 
     payload = D * 4
     for t, slots in (("bench", 0), ("grad", 1)):
