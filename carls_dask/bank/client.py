@@ -30,7 +30,7 @@ from carls_dask.bank.rehoming import (
     rehome_stats,
     run_on_loop,
     set_base,
-    watched,
+    watch_all,
     with_op_ids,
 )
 from carls_dask.bank.sampling import NegativeSample, order_by_frequency, sample_candidates
@@ -431,9 +431,8 @@ class KnowledgeBank:
             return await fut
 
         async def all_of() -> list[Any]:
-            return await asyncio.gather(
-                *(watched(one(fut), self._shards[s], limit) for _, s, fut in remote), return_exceptions=True
-            )
+            tasks = [asyncio.ensure_future(fut._run() if isinstance(fut, _Deferred) else one(fut)) for _, _, fut in remote]
+            return await watch_all(tasks, [self._shards[s] for _, s, _ in remote], limit)
 
         issued = [s for _, s, fut in remote if not isinstance(fut, _Failed)]
         if not issued:  # nothing reached a shard: no trip to the event loop

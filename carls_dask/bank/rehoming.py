@@ -44,6 +44,7 @@ __all__ = [
     "publish_table",
     "read_table",
     "rehome_stats",
+    "watch_all",
     "with_op_ids",
 ]
 
@@ -216,38 +217,46 @@ def _gone(handle: Any) -> bool:
     return future is not None and future.status not in ("finished", "pending")
 
 
-async def watched(awaitable: Any, handle: Any, limit: float) -> Any:
-    """Await a shard call for at most ``limit`` seconds, failing early if the shard's actor is lost.
+async def watch_all(tasks: Sequence[Any], handles: Sequence[Any], limit: float) -> list[Any]:
+    """Await shard calls for at most ``limit`` seconds each, failing a call early if its actor is lost.
 
-    A call in flight when its worker dies may never resolve (Dask leaves the call's future unset
-    when the actor's own future is cancelled), so while waiting the actor future's status is
-    checked every half second and the scheduler is asked every two seconds whether a worker still
-    holds the actor.
+    ``tasks[i]`` (an :class:`asyncio.Task`) is a call to the actor of ``handles[i]``. A call in flight
+    when its worker dies may never resolve (Dask leaves the call's future unset when the actor's own
+    future is cancelled), so while calls are waited for, the actor futures' status is checked every
+    half second and the scheduler is asked every two seconds whether a worker still holds each
+    actor. Returns each call's answer, or the exception it ended with (:class:`ShardLostError` for a
+    lost actor, :class:`TimeoutError` past ``limit``).
     """
     import asyncio
 
-    task = asyncio.ensure_future(awaitable)
     loop = asyncio.get_running_loop()
     end = loop.time() + limit
+    out: dict[int, Any] = {}
+    pending = {t: i for i, t in enumerate(tasks)}
     rounds = 0
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=max(0.0, min(_WATCH_INTERVAL, end - loop.time())))
-        if done:
-            return task.result()
+    while pending:
+        done, _ = await asyncio.wait(set(pending), timeout=max(0.0, min(_WATCH_INTERVAL, end - loop.time())))
+        for t in done:
+            i = pending.pop(t)
+            out[i] = asyncio.CancelledError() if t.cancelled() else (t.exception() or t.result())
+        if not pending:
+            break
         rounds += 1
-        lost = _gone(handle)
-        if not lost and rounds % 4 == 0:  # every 2 s: does the scheduler still know the actor's worker?
-            try:
-                who = await handle._scheduler_rpc.who_has(keys=[handle.key])
-                lost = not who.get(handle.key)
-            except Exception:  # the scheduler did not answer: keep waiting for the call
-                logger.debug("who_has of %s failed", handle.key, exc_info=True)
-        if lost:
-            task.cancel()
-            raise ShardLostError(f"bank shard actor {handle.key}: its worker was lost while a call waited")
-        if loop.time() >= end:
-            task.cancel()
-            raise TimeoutError(f"no answer within {limit:g}s")
+        for t, i in list(pending.items()):
+            handle = handles[i]
+            lost = _gone(handle)
+            if not lost and rounds % 4 == 0:  # every 2 s: does the scheduler still know the actor's worker?
+                try:
+                    who = await handle._scheduler_rpc.who_has(keys=[handle.key])
+                    lost = not who.get(handle.key)
+                except Exception:  # the scheduler did not answer: keep waiting for the call
+                    logger.debug("who_has of %s failed", handle.key, exc_info=True)
+            if lost or loop.time() >= end:
+                t.cancel()
+                pending.pop(t)
+                out[i] = (ShardLostError(f"bank shard actor {handle.key}: its worker was lost while a call waited")
+                          if lost else TimeoutError(f"no answer within {limit:g}s"))
+    return [out[i] for i in range(len(tasks))]
 
 
 def run_on_loop(handle: Any, fn: Any) -> Any:
