@@ -145,7 +145,7 @@ def main() -> None:
     from carls_dask.bank import Column, KnowledgeBank, TableSpec
 
     n_rows = args.rows
-    reps = {4096: 10 if args.quick else 30, 65536: 3 if args.quick else 8}
+    reps = {4096: 10 if args.quick else 100, 65536: 3 if args.quick else 16}
     rng = np.random.default_rng(0)
     keys = rng.choice(2**62, size=n_rows, replace=False).astype(np.int64)
     keys_for = lambda n: rng.choice(keys, n)  # noqa: E731
