@@ -3,7 +3,7 @@
 Both run :func:`carls_dask.bank.topk.exact_top_k` (the code under ``ShardCore.top_k``) in this process on
 the same float32 table and queries; the FAISS time includes building the ``IndexFlatIP`` from the rows,
 as each call does. Printed: queries/s of each backend (median of ``--reps`` calls), the ratio, and a
-short sweep of table sizes at q=1 and q=``--queries`` that shows where FAISS starts to pay
+short sweep of table sizes at q=1, ``--queries`` and 256 that shows where FAISS starts to pay
 (``topk.FAISS_MIN_ROWS`` and ``FAISS_MIN_QUERIES``, the ``"auto"`` thresholds). The answers of the two backends are checked equal.
 
 Run: ``python benchmarks/top_k.py [--rows 200000] [--dim 64] [--queries 64] [--k 10] [--metric dot]``.
@@ -74,8 +74,9 @@ def main() -> None:
     print(f"sweep (d={args.dim}, k={args.k}, {args.metric}; 'auto' uses faiss from {FAISS_MIN_ROWS} rows "
           f"and {FAISS_MIN_QUERIES} query rows):")
     print(f"  {'rows':>8} {'q':>4} {'numpy q/s':>12} {'faiss q/s':>12} {'ratio':>6}")
-    for n in (1_000, 5_000, 20_000, 50_000):
-        for q in (1, args.queries):
+    query = rng.standard_normal((max(256, args.queries), args.dim), dtype=np.float32)
+    for n in (5_000, 50_000, args.rows):
+        for q in sorted({1, args.queries, 256}):
             a, b = compare(vectors[:n], keys[:n], query[:q], args.k, args.metric, args.reps)
             print(f"  {n:>8} {q:>4} {a:>12.1f} {b:>12.1f} {b / a:>6.2f}")
 

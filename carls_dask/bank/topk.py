@@ -14,9 +14,9 @@ hands the shard's used rows to :func:`exact_top_k`. Two backends give the same a
 ``"auto"``
     FAISS when it is installed, the table holds at least :data:`FAISS_MIN_ROWS` rows and the query at least
     :data:`FAISS_MIN_QUERIES` rows, else NumPy. Below 20 query rows FAISS scores without BLAS, one query
-    at a time, and was 2-50x slower than NumPy in ``benchmarks/top_k.py``; above, the two were within
-    about 0.5-1.3x of each other on a 2-core Xeon (FAISS's OpenMP threads and NumPy's BLAS threads compete
-    for the same cores), so the thresholds are conservative.
+    at a time, and was 2-50x slower than NumPy in ``benchmarks/top_k.py``. On a 2-core Xeon, with the
+    index built on each call, FAISS was 0.6-1.3x NumPy's speed at 64 queries and 1.4-2.5x from 256
+    queries on (50,000 and 200,000 rows of d=64), hence the thresholds.
 
 Both backends return ``(keys[q, k'], scores[q, k'])`` best first with ties broken by the smaller key, where
 ``k' = min(k, usable rows)``; under cosine a row whose norm is below :data:`MIN_NORM` is not usable. The
@@ -53,8 +53,8 @@ BACKENDS = ("auto", "numpy", "faiss")
 CHUNK_ROWS = 65536
 #: Under ``"auto"``, FAISS is used from this many table rows on (see ``benchmarks/top_k.py``).
 FAISS_MIN_ROWS = 50_000
-#: Under ``"auto"``, FAISS is used from this many query rows on (FAISS's own BLAS threshold).
-FAISS_MIN_QUERIES = 20
+#: Under ``"auto"``, FAISS is used from this many query rows on (where it was faster in ``benchmarks/top_k.py``).
+FAISS_MIN_QUERIES = 256
 #: Under cosine, rows whose L2 norm is below this are not usable (they have no direction).
 MIN_NORM = 1e-6
 #: Floor of the query norm under cosine (a zero query scores 0 against every row).
