@@ -104,17 +104,13 @@ class LookupRows:
 
     def result(self, max_staleness: float | None = None) -> LookupResult:
         """The :class:`LookupResult` (its provenance arrays are views of :attr:`meta`)."""
-        return _result(self.values, self.meta, self.found, max_staleness)
-
-
-def _result(values: dict[str, np.ndarray], meta: np.ndarray, found: np.ndarray | None,
-            max_staleness: float | None) -> LookupResult:
-    n = meta.shape[0]
-    age = meta[:, 3].view(np.float64)
-    ok = np.ones(n, dtype=bool) if found is None else found
-    stale = np.zeros(n, dtype=bool) if max_staleness is None else ok & (age > float(max_staleness))
-    return LookupResult(values=values, found=ok, age=age, version=meta[:, 0], model_step=meta[:, 1],
-                        frequency=meta[:, 2], stale=stale)
+        meta = self.meta
+        n = meta.shape[0]
+        age = meta[:, 3].view(np.float64)
+        found = np.ones(n, dtype=bool) if self.found is None else self.found
+        stale = np.zeros(n, dtype=bool) if max_staleness is None else found & (age > float(max_staleness))
+        return LookupResult(values=self.values, found=found, age=age, version=meta[:, 0], model_step=meta[:, 1],
+                            frequency=meta[:, 2], stale=stale)
 
 
 def gather_rows(parts: Sequence[tuple[Any, LookupRows]], n: int, specs: Mapping[str, Column],
@@ -141,7 +137,7 @@ def gather_rows(parts: Sequence[tuple[Any, LookupRows]], n: int, specs: Mapping[
         meta[idx] = r.meta
         if r.found is not None and found is not None:
             found[idx] = r.found
-    return _result(values, meta, found, max_staleness)
+    return LookupRows(values, meta, found).result(max_staleness)
 
 
 class TableState:

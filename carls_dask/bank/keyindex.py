@@ -45,31 +45,31 @@ except ImportError:  # pragma: no cover - numba comes with the install
 if numba is not None:
 
     @numba.njit(cache=True, nogil=True)
-    def _find_compiled(table, shift, mask, keys, hashes, key_column, slot_out, row_out):
+    def _probe_compiled(table, shift, mask, h, key, key_column):
+        # slot and row of one key from its home slot on; (-1, -1) at the first empty slot
         low = np.uint64(0xFFFFFFFF)
+        pos = np.int64(h >> shift)
+        tag = h & low
+        while True:
+            s = table[pos]
+            r = np.int64(np.int32(np.uint32(s & low)))
+            if r == -1:
+                return np.int64(-1), np.int64(-1)
+            if r >= 0 and (s >> np.uint64(32)) == tag and key_column[r] == key:
+                return pos, r
+            pos = (pos + 1) & mask
+
+    @numba.njit(cache=True, nogil=True)
+    def _find_compiled(table, shift, mask, keys, hashes, key_column, slot_out, row_out):
         for i in range(keys.shape[0]):
-            h = hashes[i]
-            pos = np.int64(h >> shift)
-            tag = h & low
-            while True:
-                s = table[pos]
-                r = np.int64(np.int32(np.uint32(s & low)))
-                if r == -1:
-                    slot_out[i] = -1
-                    row_out[i] = -1
-                    break
-                if r >= 0 and (s >> np.uint64(32)) == tag and key_column[r] == keys[i]:
-                    slot_out[i] = pos
-                    row_out[i] = r
-                    break
-                pos = (pos + 1) & mask
+            slot_out[i], row_out[i] = _probe_compiled(table, shift, mask, hashes[i], keys[i], key_column)
 
     @numba.njit(cache=True, nogil=True)
     def _read_compiled(table, shift, mask, keys, n_buckets, owned, check, row_data, rows_out, meta_out, missing):
         # one pass per key: splitmix64, bucket ownership, probe, and the key's provenance copied out
-        low = np.uint64(0xFFFFFFFF)
         nb = np.uint64(n_buckets)
         width = meta_out.shape[1]
+        key_column = row_data[:, 0]
         for i in range(keys.shape[0]):
             z = np.uint64(keys[i]) + np.uint64(0x9E3779B97F4A7C15)
             z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -77,18 +77,7 @@ if numba is not None:
             h = z ^ (z >> np.uint64(31))
             if check and not owned[np.int64(h % nb)]:
                 return i
-            pos = np.int64(h >> shift)
-            tag = h & low
-            r = np.int64(-1)
-            while True:
-                s = table[pos]
-                rs = np.int64(np.int32(np.uint32(s & low)))
-                if rs == -1:
-                    break
-                if rs >= 0 and (s >> np.uint64(32)) == tag and row_data[rs, 0] == keys[i]:
-                    r = rs
-                    break
-                pos = (pos + 1) & mask
+            r = _probe_compiled(table, shift, mask, h, keys[i], key_column)[1]
             rows_out[i] = r
             if r >= 0:
                 for j in range(width):
@@ -216,24 +205,15 @@ class KeyIndex:
             slot_out[rest], rows[rest] = self._probe(keys[rest], h[rest] & _LOW, home[rest] + 1, key_column)
         return slot_out, rows
 
-    def find_with_rows(
-        self, keys: np.ndarray, row_data: np.ndarray, hashes: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Rows of ``keys`` together with their gathered ``row_data`` (whose column 0 holds the key).
+    def _find_with_rows(self, keys: np.ndarray, row_data: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """NumPy rounds of :meth:`read`: rows of ``keys`` and their gathered ``row_data`` (column 0: the key).
 
         The key check of the home slot reads the same row the caller needs anyway, so a lookup
         touches each row's cache line once. ``row_data`` rows of absent keys are unspecified.
         """
-        keys = np.asarray(keys, dtype=np.int64)
         n = keys.shape[0]
         if n == 0 or self.live == 0:
             return np.full(n, -1, dtype=np.int64), np.zeros((n, *row_data.shape[1:]), row_data.dtype)
-        h = self.hashes(keys) if hashes is None else hashes
-        if self.compiled:
-            slot_out = np.empty(n, dtype=np.int64)
-            rows = np.empty(n, dtype=np.int64)
-            _find_compiled(self.table, self._shift, self._mask, keys, h, row_data[:, 0], slot_out, rows)
-            return rows, np.take(row_data, np.maximum(rows, 0), axis=0)
         home = self._home(h)
         s = self.table[home]
         r = _rows_of(s).astype(np.int64)
@@ -289,7 +269,7 @@ class KeyIndex:
             bad = ~owned[bucket_of_hash(h, buckets)]
             if bad.any():
                 return int(np.flatnonzero(bad)[0])
-        rows, data = self.find_with_rows(keys, row_data, h)
+        rows, data = self._find_with_rows(keys, row_data, h)
         rows_out[:] = rows
         meta_out[:] = data[:, 1:]
         meta_out[rows < 0] = missing

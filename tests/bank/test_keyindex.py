@@ -69,9 +69,11 @@ def test_keys_with_equal_home_and_tag_are_told_apart_by_their_key(compiled: bool
     # the first one deleted: the others stay reachable past its tombstone; it is gone
     assert idx.remove(np.array(same[:1]), col.keys).tolist() == [0]
     assert idx.find(np.array(same), col.keys).tolist() == [-1, 1, 2, -1]
-    got_rows, data = idx.find_with_rows(np.array(same), np.stack([col.keys, col.keys * 0 + 7], axis=1))
+    got_rows, data = np.empty(4, dtype=np.int64), np.empty((4, 1), dtype=np.int64)
+    assert idx.read(np.array(same), np.stack([col.keys, col.keys * 0 + 7], axis=1), 16, None, got_rows, data,
+                    np.array([-9])) == -1
     assert got_rows.tolist() == [-1, 1, 2, -1]
-    assert data[1:3, 0].tolist() == same[1:3] and data[1:3, 1].tolist() == [7, 7]
+    assert data[:, 0].tolist() == [-9, 7, 7, -9]
 
 
 def test_probe_chains_longer_than_a_window_and_wrapping_around_the_end(compiled: bool) -> None:
@@ -115,7 +117,9 @@ def test_random_inserts_deletes_moves_and_growth_match_a_dict(compiled: bool) ->
         probe = rng.choice(universe, size=400)
         expect = [model.get(int(k), -1) for k in probe]
         assert idx.find(probe, col.keys).tolist() == expect
-        assert idx.find_with_rows(probe, col.keys[:, None])[0].tolist() == expect
+        got = np.empty(probe.size, dtype=np.int64)
+        idx.read(probe, col.keys[:, None], 16, None, got, np.empty((probe.size, 0), dtype=np.int64), np.empty(0, np.int64))
+        assert got.tolist() == expect
         assert idx.live == len(model)
     idx.rebuild(len(model), col.keys, None)
     probe = np.array(list(model), dtype=np.int64)
