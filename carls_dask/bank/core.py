@@ -34,7 +34,7 @@ from carls_dask.bank.schema import (
     coerce_column_values,
     unknown_table,
 )
-from carls_dask.bank.topk import exact_top_k
+from carls_dask.bank.topk import METRICS, exact_top_k
 from storage.errors import (
     IncompatibleStoreError,
     InvalidBatchError,
@@ -45,7 +45,6 @@ from storage.errors import (
 __all__ = ["STATE_FORMAT", "LookupResult", "LookupRows", "ShardCore", "TableState", "gather_rows"]
 
 STATE_FORMAT = 1
-METRICS = ("dot", "cosine")
 
 
 @dataclasses.dataclass
