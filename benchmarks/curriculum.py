@@ -12,7 +12,7 @@ the test set stays clean. The arms differ only in which examples the trainer dra
   confidence >= ``--clean-confidence`` in two consecutive rounds get loss weight 0 (they are no
   longer drawn); ``--clean-mode relabel`` relabels them with the prediction instead.
 
-Runs are in-process and deterministic (:func:`paradigms.curriculum.run_inline`), ``--jobs`` at a
+Runs are in-process and deterministic (:func:`carls_dask.paradigms.curriculum.run_inline`), ``--jobs`` at a
 time. Printed per noise rate: clean test accuracy, mean and spread (sample std) over ``--seeds``
 seeds, every seed's figure, the paired gain over uniform, and for the cleaning arm the precision and
 recall of the noisy-label detection against the known flipped labels. The target: curriculum+clean
@@ -41,7 +41,7 @@ def _one(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    from paradigms.curriculum import CurriculumSettings, run_inline
+    from carls_dask.paradigms.curriculum import CurriculumSettings, run_inline
 
     settings = CurriculumSettings(**job["settings"])
     res = run_inline(settings)
@@ -60,7 +60,7 @@ def _fmt(values: list[float]) -> str:
 
 
 def main() -> None:
-    from paradigms.data.fashion_mnist import fashion_mnist_dir
+    from carls_dask.paradigms.data.fashion_mnist import fashion_mnist_dir
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--noise", type=float, nargs="+", default=[0.3, 0.5])

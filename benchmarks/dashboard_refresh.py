@@ -1,7 +1,7 @@
 """Dashboard refresh: rebuilding every figure vs updating the live figures in place, side by side.
 
 A synthetic run folder (``--rows`` bank rows with 32-d embeddings, ``--snapshots`` snapshots, a metric
-store of ``--metric-rows`` rows) is shown by one :class:`~dashboards.dashboard.Dashboard` whose figures
+store of ``--metric-rows`` rows) is shown by one :class:`~carls_dask.dashboards.dashboard.Dashboard` whose figures
 sit in a Bokeh document, as in a served page. Each round the run gains a snapshot and ``--new-rows``
 metric rows, every view reads it (``read``: the part that runs in a worker thread), and then the
 figures are brought up to date in three ways, timed one after the other in this process:
@@ -36,11 +36,18 @@ from bokeh.document import Document
 from bokeh.layouts import column
 from bokeh.protocol import Protocol
 
-from dashboards.dashboard import Dashboard
-from dashboards.figures import LiveBars, LiveCurves, LiveFigure, LiveHeatmap, LiveImage, LiveStackedBars
-from dashboards.runreader import RunReader
-from storage.metrics import MetricWriter
-from storage.snapshots import begin_snapshot, commit_snapshot, write_shard
+from carls_dask.dashboards.dashboard import Dashboard
+from carls_dask.dashboards.figures import (
+    LiveBars,
+    LiveCurves,
+    LiveFigure,
+    LiveHeatmap,
+    LiveImage,
+    LiveStackedBars,
+)
+from carls_dask.dashboards.runreader import RunReader
+from carls_dask.storage.metrics import MetricWriter
+from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
 
 CLASSES = 7
 DIM = 32

@@ -13,7 +13,7 @@ K=1 rate while in-graph falls to <= 0.35x; pseudo labels add accuracy (the per-s
 bank + pseudo labels against bank, same seeds, is printed with its mean and spread). Steps/s are
 measured inside the trainer over its step bodies (evaluation excluded), with the makers running beside it.
 
-``--in-process`` runs the accuracy part with :func:`paradigms.semi_supervised.inline.run_inline`
+``--in-process`` runs the accuracy part with :func:`carls_dask.paradigms.semi_supervised.inline.run_inline`
 (the same trainer and makers in one process, makers in lock step every 10 steps, torch threads 1):
 deterministic per seed, so the variants' differences are paired exactly; the speed part always runs
 on the cluster (the bank lookup is the thing measured).
@@ -36,9 +36,9 @@ import sys
 import time
 from typing import Any
 
-from paradigms.semi_supervised.core import SemiSupervisedConfig
-from paradigms.semi_supervised.inline import run_inline
-from paradigms.semi_supervised.run import BANK_DEFAULTS, run_semi_supervised
+from carls_dask.paradigms.semi_supervised.core import SemiSupervisedConfig
+from carls_dask.paradigms.semi_supervised.inline import run_inline
+from carls_dask.paradigms.semi_supervised.run import BANK_DEFAULTS, run_semi_supervised
 
 VARIANTS = (
     ("base MLP", {"mode": "base"}),
@@ -85,7 +85,7 @@ def _fmt(values: list[float]) -> str:
 
 
 def _bank_options(args: argparse.Namespace) -> dict[str, Any]:
-    from paradigms.semi_supervised.run import config_from_options
+    from carls_dask.paradigms.semi_supervised.run import config_from_options
 
     given = dict(item.split("=", 1) for item in args.bank_option)
     parsed = config_from_options(given) if given else None

@@ -114,9 +114,9 @@ def main() -> None:
 
     from distributed import Client, LocalCluster
 
+    from carls_dask.paradigms.multimodal.loops import CorpusSpec, default_cache_dir, load_corpus
+    from carls_dask.paradigms.multimodal.run import run_contrastive
     from carls_dask.runtime.workbench import Workbench
-    from paradigms.multimodal.loops import CorpusSpec, default_cache_dir, load_corpus
-    from paradigms.multimodal.run import run_contrastive
 
     args = _args()
     variants = [parse_variant(v) for v in args.variants]

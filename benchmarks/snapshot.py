@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from storage.snapshots import begin_snapshot, commit_snapshot, read_snapshot, write_shard
+from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, read_snapshot, write_shard
 
 TARGET = 0.5
 

@@ -158,8 +158,8 @@ def run(minutes: float, *, trainers: int = 1, makers: int = 1, snapshot_every: f
     """Run the soak and return its figures (see the module docstring)."""
     from carls_dask.bank.client import KnowledgeBank
     from carls_dask.runtime import Workbench
-    from storage.deltalog import prune_segments
-    from storage.snapshots import prune_snapshots, read_manifest
+    from carls_dask.storage.deltalog import prune_segments
+    from carls_dask.storage.snapshots import prune_snapshots, read_manifest
 
     tmp = None
     if workdir is None:

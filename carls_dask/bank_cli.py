@@ -71,7 +71,7 @@ def _table(out: TextIO, header: Sequence[str], rows: Sequence[Sequence[Any]], in
 
 
 def _snapshots(args: argparse.Namespace, out: TextIO) -> int:
-    from storage.snapshots import list_snapshots
+    from carls_dask.storage.snapshots import list_snapshots
 
     snaps = list_snapshots(args.path)
     if not snaps:
@@ -87,8 +87,8 @@ def _snapshots(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:
-    from storage.deltalog import MAKERS_TABLE, replay
-    from storage.snapshots import list_snapshots, read_manifest
+    from carls_dask.storage.deltalog import MAKERS_TABLE, replay
+    from carls_dask.storage.snapshots import list_snapshots, read_manifest
 
     man = read_manifest(args.path, args.version)
     if args.json:
@@ -132,7 +132,7 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
 
 def _prune(args: argparse.Namespace, out: TextIO) -> int:
     from carls_dask import config
-    from storage.snapshots import list_snapshots, prune_snapshots
+    from carls_dask.storage.snapshots import list_snapshots, prune_snapshots
 
     keep = int(config.get("storage.keep-snapshots", args.keep))
     removed = prune_snapshots(args.path, keep)
@@ -146,7 +146,7 @@ def _restore(args: argparse.Namespace, out: TextIO) -> int:
 
     from carls_dask.bank import KnowledgeBank
     from carls_dask.runtime.clusters import start_cluster
-    from storage.snapshots import read_manifest
+    from carls_dask.storage.snapshots import read_manifest
 
     man = read_manifest(args.path, args.version)  # fail fast, before any cluster starts
     if args.address:

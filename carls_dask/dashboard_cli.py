@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from carls_dask import config
-from storage.errors import ConfigError
+from carls_dask.storage.errors import ConfigError
 
 __all__ = ["add_arguments", "app_path", "panel_command", "run"]
 

@@ -34,8 +34,8 @@ def run_figures(run_dir: pathlib.Path) -> list[str]:
     """
     import numpy as np
 
-    import storage
-    from storage.errors import CarlsError
+    from carls_dask import storage
+    from carls_dask.storage.errors import CarlsError
 
     lines: list[str] = []
     try:

@@ -1,8 +1,8 @@
-"""Exceptions raised by carls-dask (re-exported from :mod:`storage.errors`, the bottom layer)."""
+"""Exceptions raised by carls-dask (re-exported from :mod:`carls_dask.storage.errors`, the bottom layer)."""
 
 from __future__ import annotations
 
-from storage.errors import (
+from carls_dask.storage.errors import (
     BankError,
     CarlsError,
     ConfigError,

@@ -14,9 +14,9 @@ import threading
 import panel as pn
 
 from carls_dask import config
-from dashboards import plots
-from dashboards.dashboard import Dashboard, run_path_from
-from dashboards.runreader import RunReader
+from carls_dask.dashboards import plots
+from carls_dask.dashboards.dashboard import Dashboard, run_path_from
+from carls_dask.dashboards.runreader import RunReader
 
 pn.extension(sizing_mode="stretch_width", notifications=False, inline=True)  # no CDN: works offline
 

@@ -1,6 +1,6 @@
 """Helpers that read the parts of a bank snapshot dataset the views need.
 
-A bank table opens (through :func:`storage.open_bank`) as an :class:`xarray.Dataset` with a ``key``
+A bank table opens (through :func:`carls_dask.storage.open_bank`) as an :class:`xarray.Dataset` with a ``key``
 dimension, one variable per column (``embedding`` over ``("key", "dim")``, ``pseudo_label`` over
 ``("key",)``, ...) and the provenance variables ``version``, ``model_step``, ``maker``, ``wall_time``
 and ``frequency``. These functions only look at that layout; they never import Dask or touch a store.
@@ -13,7 +13,7 @@ from collections.abc import Hashable
 import numpy as np
 import xarray as xr
 
-from storage.errors import InvalidBatchError, UnknownColumnError
+from carls_dask.storage.errors import InvalidBatchError, UnknownColumnError
 
 __all__ = ["column", "common_rows", "has_column", "keys_of", "shards_of", "stable_sample"]
 

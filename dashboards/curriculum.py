@@ -1,6 +1,6 @@
 """Curriculum progress: pacing vs realised sampling, difficulty over time, per-difficulty accuracy.
 
-The inputs are the run's metric dataset (dimension ``step``, see :mod:`dashboards.metricnames`) and
+The inputs are the run's metric dataset (dimension ``step``, see :mod:`carls_dask.dashboards.metricnames`) and
 bank snapshots whose table has a ``difficulty`` column.
 """
 
@@ -11,10 +11,10 @@ from collections.abc import Sequence
 import numpy as np
 import xarray as xr
 
-from dashboards import metricnames as mn
-from dashboards.bankdata import column, has_column
-from dashboards.pseudolabels import truth_for
-from storage.errors import InvalidBatchError
+from carls_dask.dashboards import metricnames as mn
+from carls_dask.dashboards.bankdata import column, has_column
+from carls_dask.dashboards.pseudolabels import truth_for
+from carls_dask.storage.errors import InvalidBatchError
 
 __all__ = [
     "accuracy_by_difficulty",

@@ -16,9 +16,9 @@ import param
 from bokeh.document import Document
 from panel.io.state import set_curdoc
 
-from dashboards.runreader import RunReader
-from dashboards.views import CurriculumView, DriftView, HealthView, PseudoLabelView
-from dashboards.views.base import RunView
+from carls_dask.dashboards.runreader import RunReader
+from carls_dask.dashboards.views import CurriculumView, DriftView, HealthView, PseudoLabelView
+from carls_dask.dashboards.views.base import RunView
 
 __all__ = ["Dashboard", "run_path_from"]
 

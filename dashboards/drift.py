@@ -1,6 +1,6 @@
 """Embedding drift between bank snapshots: per-shard change statistics, neighbour churn, aligned 2-D maps.
 
-Every function takes snapshot datasets of one bank table (see :mod:`dashboards.bankdata`) and returns
+Every function takes snapshot datasets of one bank table (see :mod:`carls_dask.dashboards.bankdata`) and returns
 numbers or small :class:`xarray.Dataset` objects; none of them plots or reads a store.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 import xarray as xr
 
-from dashboards.bankdata import column, common_rows, has_column, keys_of, shards_of, stable_sample
-from storage.errors import InvalidBatchError, InvalidShapeError
+from carls_dask.dashboards.bankdata import column, common_rows, has_column, keys_of, shards_of, stable_sample
+from carls_dask.storage.errors import InvalidBatchError, InvalidShapeError
 
 __all__ = [
     "PERCENTILES",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from dashboards import metricnames as mn
-from dashboards.bankdata import has_column, shards_of
-from storage.errors import InvalidBatchError
+from carls_dask.dashboards import metricnames as mn
+from carls_dask.dashboards.bankdata import has_column, shards_of
+from carls_dask.storage.errors import InvalidBatchError
 
 __all__ = ["bank_summary", "counter_rate", "maker_versions", "shard_sizes", "staleness", "steps_per_second"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from dashboards.bankdata import column, common_rows, has_column, keys_of
-from storage.errors import InvalidBatchError, UnknownColumnError
+from carls_dask.dashboards.bankdata import column, common_rows, has_column, keys_of
+from carls_dask.storage.errors import InvalidBatchError, UnknownColumnError
 
 __all__ = [
     "TRUTH_COLUMNS",

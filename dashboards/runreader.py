@@ -1,7 +1,7 @@
 """Read-only access to a run folder for the dashboards: the metric store, bank snapshots, held-out truth.
 
-A run folder holds ``metrics.zarr`` (the metric store, see :mod:`storage.metrics`), ``bank/`` (snapshots
-and delta log, see :mod:`storage.snapshots`) and optionally ``truth.npz`` (held-out labels: int64 arrays
+A run folder holds ``metrics.zarr`` (the metric store, see :mod:`carls_dask.storage.metrics`), ``bank/`` (snapshots
+and delta log, see :mod:`carls_dask.storage.snapshots`) and optionally ``truth.npz`` (held-out labels: int64 arrays
 ``keys`` and ``labels``) used to judge pseudo labels. Nothing here takes a lock or writes a file, so a
 dashboard never slows the run it watches; it only re-reads what changed (a file-modification check).
 """
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from storage.errors import StoreError, StoreNotFoundError
+from carls_dask.storage.errors import StoreError, StoreNotFoundError
 
 __all__ = ["RunReader", "snapshot_to_dataset"]
 
@@ -128,7 +128,7 @@ class RunReader:
 
     def _metrics_index(self) -> dict[str, Any] | None:
         """The metric store's commit record (``metrics.json``): rows committed and where each series lives."""
-        from storage.metrics import INDEX
+        from carls_dask.storage.metrics import INDEX
 
         try:
             idx = json.loads((self.metrics_path / INDEX).read_text())
@@ -178,7 +178,7 @@ class RunReader:
                 except Exception as exc:  # a racing writer: read the whole store below
                     logger.info("metric store %s: incremental read failed (%s); reading it whole", self.metrics_path, exc)
         try:
-            mod = importlib.import_module("storage.metrics")
+            mod = importlib.import_module("carls_dask.storage.metrics")
             ds = mod.open_metrics(self.metrics_path)
             ds = ds.load()
         except (StoreError, OSError, ValueError, KeyError) as exc:
@@ -193,7 +193,7 @@ class RunReader:
 
     def snapshots(self) -> list[dict[str, Any]]:
         """Committed bank snapshots, oldest first (each with ``version`` and ``step``); empty when none."""
-        from storage.snapshots import list_snapshots
+        from carls_dask.storage.snapshots import list_snapshots
 
         if not (self.bank_path / "manifest.json").exists():
             return []
@@ -207,7 +207,7 @@ class RunReader:
         if version in self._cache:
             self._cache.move_to_end(version)
             return self._cache[version]
-        from storage.snapshots import read_manifest, read_snapshot
+        from carls_dask.storage.snapshots import read_manifest, read_snapshot
 
         man = read_manifest(self.bank_path, version)
         if self.table not in man.get("tables", {}):
@@ -235,15 +235,14 @@ class RunReader:
     def _latest_read(self) -> xr.Dataset | None:
         """The table as it is now (newest snapshot plus the delta log), or ``None`` when there is no bank.
 
-        Uses :func:`storage.open_bank` when storage provides it, else the newest committed snapshot.
+        Uses :func:`carls_dask.storage.open_bank` when storage provides it, else the newest committed snapshot.
         Re-reads only when the manifest or a delta segment changed.
         """
         stamp = self._bank_stamp()
         if stamp == self._latest_stamp and self._latest is not None:
             return self._latest
         snaps = self.snapshots()
-        import storage
-
+        from carls_dask import storage
         open_bank = getattr(storage, "open_bank", None)
         try:
             if open_bank is not None and (self.bank_path / "manifest.json").exists():
@@ -268,7 +267,7 @@ class RunReader:
 
     def _head_base(self, version: int) -> None:
         """Start the headline state from committed snapshot ``version``: its keys and provenance maxima."""
-        from storage.snapshots import read_manifest, read_snapshot
+        from carls_dask.storage.snapshots import read_manifest, read_snapshot
 
         man = read_manifest(self.bank_path, version)
         self._head_seq = {int(s): int(i.get("delta_seq", 0)) for s, i in man.get("shards", {}).items()}
@@ -290,7 +289,7 @@ class RunReader:
                 self._head_max[n] = max(self._head_max.get(n, v), v)
 
     def _headline_read(self) -> dict[str, float] | None:
-        from storage.deltalog import replay
+        from carls_dask.storage.deltalog import replay
 
         stamp = self._bank_stamp()
         if stamp == self._head_stamp and self._head is not None:
@@ -360,7 +359,7 @@ class RunReader:
     def latest(self) -> xr.Dataset | None:
         """The table as it is now (newest snapshot plus the delta log), or ``None`` when there is no bank.
 
-        Uses :func:`storage.open_bank` when storage provides it, else the newest committed snapshot.
+        Uses :func:`carls_dask.storage.open_bank` when storage provides it, else the newest committed snapshot.
         Re-reads only when the manifest or a delta segment changed.
         """
         with self._latest_lock:

@@ -1,7 +1,7 @@
 """Persistence for carls-dask: Zarr bank snapshots, the delta log, xarray views and metric series.
 
 Nothing here imports Dask or torch: the package reads and writes numpy arrays to Zarr stores. The public
-names below load their module on first use, so ``import storage.errors`` stays light.
+names below load their module on first use, so ``import carls_dask.storage.errors`` stays light.
 """
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from storage.errors import CarlsError
+from carls_dask.storage.errors import CarlsError
 
 if TYPE_CHECKING:
-    from storage.bankview import open_bank, read_bank
-    from storage.deltalog import DeltaLog, DeltaRecord, replay, tail_seq
-    from storage.metrics import MetricWriter, open_metrics
-    from storage.snapshots import (
+    from carls_dask.storage.bankview import open_bank, read_bank
+    from carls_dask.storage.deltalog import DeltaLog, DeltaRecord, replay, tail_seq
+    from carls_dask.storage.metrics import MetricWriter, open_metrics
+    from carls_dask.storage.snapshots import (
         SnapshotHandle,
         begin_snapshot,
         commit_snapshot,
@@ -27,22 +27,22 @@ if TYPE_CHECKING:
     )
 
 _WHERE = {
-    "open_bank": "storage.bankview",
-    "read_bank": "storage.bankview",
-    "DeltaLog": "storage.deltalog",
-    "DeltaRecord": "storage.deltalog",
-    "replay": "storage.deltalog",
-    "tail_seq": "storage.deltalog",
-    "MetricWriter": "storage.metrics",
-    "open_metrics": "storage.metrics",
-    "SnapshotHandle": "storage.snapshots",
-    "begin_snapshot": "storage.snapshots",
-    "commit_snapshot": "storage.snapshots",
-    "list_snapshots": "storage.snapshots",
-    "prune_snapshots": "storage.snapshots",
-    "read_manifest": "storage.snapshots",
-    "read_snapshot": "storage.snapshots",
-    "write_shard": "storage.snapshots",
+    "open_bank": "carls_dask.storage.bankview",
+    "read_bank": "carls_dask.storage.bankview",
+    "DeltaLog": "carls_dask.storage.deltalog",
+    "DeltaRecord": "carls_dask.storage.deltalog",
+    "replay": "carls_dask.storage.deltalog",
+    "tail_seq": "carls_dask.storage.deltalog",
+    "MetricWriter": "carls_dask.storage.metrics",
+    "open_metrics": "carls_dask.storage.metrics",
+    "SnapshotHandle": "carls_dask.storage.snapshots",
+    "begin_snapshot": "carls_dask.storage.snapshots",
+    "commit_snapshot": "carls_dask.storage.snapshots",
+    "list_snapshots": "carls_dask.storage.snapshots",
+    "prune_snapshots": "carls_dask.storage.snapshots",
+    "read_manifest": "carls_dask.storage.snapshots",
+    "read_snapshot": "carls_dask.storage.snapshots",
+    "write_shard": "carls_dask.storage.snapshots",
 }
 
 __all__ = [

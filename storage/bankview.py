@@ -29,9 +29,9 @@ import zarr
 from xarray.backends import BackendArray
 from xarray.core import indexing
 
-from storage.deltalog import MAKERS_TABLE, DeltaRecord, replay
-from storage.errors import CorruptStoreError, StoreNotFoundError, UnknownTableError
-from storage.snapshots import _array, list_snapshots, read_manifest, read_snapshot
+from carls_dask.storage.deltalog import MAKERS_TABLE, DeltaRecord, replay
+from carls_dask.storage.errors import CorruptStoreError, StoreNotFoundError, UnknownTableError
+from carls_dask.storage.snapshots import _array, list_snapshots, read_manifest, read_snapshot
 
 __all__ = ["open_bank", "read_bank"]
 

@@ -13,7 +13,7 @@ truncates it). Why not Zarr here: a durable Zarr append per update would write a
 (chunk + metadata) each time; one frame in one file is one write and one sync.
 
 Only one writer per shard: a ``flock`` on ``writer.lock``; a second writer gets
-:class:`~storage.errors.StoreLockedError`.
+:class:`~carls_dask.storage.errors.StoreLockedError`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from storage.errors import CorruptStoreError, InvalidBatchError, InvalidShapeError, LifecycleError
-from storage.fsutil import WriterLock, fsync_dir
+from carls_dask.storage.errors import CorruptStoreError, InvalidBatchError, InvalidShapeError, LifecycleError
+from carls_dask.storage.fsutil import WriterLock, fsync_dir
 
 __all__ = [
     "MAKERS_TABLE",
@@ -347,7 +347,7 @@ def replay(
     CorruptStoreError
         If a record in the middle of a log is damaged (only the newest record can be torn).
     """
-    from storage.snapshots import read_manifest
+    from carls_dask.storage.snapshots import read_manifest
 
     base: dict[int, int] = {}
     if since_version is not None:

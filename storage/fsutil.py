@@ -16,7 +16,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from storage.errors import CorruptStoreError, DeadlineExceeded, StoreLockedError, StoreNotFoundError
+from carls_dask.storage.errors import (
+    CorruptStoreError,
+    DeadlineExceeded,
+    StoreLockedError,
+    StoreNotFoundError,
+)
 
 __all__ = [
     "WriterLock",
@@ -119,7 +124,7 @@ class WriterLock:
 
     The lock is released when :meth:`release` is called or the process exits (the kernel drops it, so a
     killed writer never leaves a stale lock behind). A second holder, in this process or another, gets
-    :class:`~storage.errors.StoreLockedError` at once instead of waiting.
+    :class:`~carls_dask.storage.errors.StoreLockedError` at once instead of waiting.
 
     Parameters
     ----------

@@ -29,7 +29,7 @@ import numpy as np
 import xarray as xr
 import zarr
 
-from storage.errors import (
+from carls_dask.storage.errors import (
     CorruptStoreError,
     IncompatibleStoreError,
     InvalidBatchError,
@@ -37,7 +37,7 @@ from storage.errors import (
     LifecycleError,
     StoreNotFoundError,
 )
-from storage.fsutil import WriterLock, atomic_write_json, read_json
+from carls_dask.storage.fsutil import WriterLock, atomic_write_json, read_json
 
 __all__ = ["MetricWriter", "open_metrics"]
 

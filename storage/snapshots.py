@@ -9,7 +9,7 @@ Layout of a bank store (``RUN/bank/``)::
                                    <table>/col/<column>, <table>/slot/<column>/<slot>
         shard-0000.json            written (atomically) once that shard's arrays are on disk
         snapshot.json              the version's manifest, written at commit
-    delta/shard-0000/...           the delta log (see :mod:`storage.deltalog`)
+    delta/shard-0000/...           the delta log (see :mod:`carls_dask.storage.deltalog`)
 
 Inside a shard's arrays the rows are sorted by bucket, and ``bucket_offsets[b]:bucket_offsets[b + 1]``
 are the rows of bucket ``b``, so a restore onto another shard count reads only the chunks that hold the
@@ -41,7 +41,7 @@ import zarr
 import zarr.codecs
 from zarr.core.buffer.cpu import NDBuffer as _NDBuffer
 
-from storage.errors import (
+from carls_dask.storage.errors import (
     CorruptStoreError,
     IncompatibleStoreError,
     InvalidBatchError,
@@ -50,7 +50,7 @@ from storage.errors import (
     StoreLockedError,
     StoreNotFoundError,
 )
-from storage.fsutil import atomic_write_json, fsync_dir, fsync_tree, read_json, short_lock
+from carls_dask.storage.fsutil import atomic_write_json, fsync_dir, fsync_tree, read_json, short_lock
 
 __all__ = [
     "FORMAT",
@@ -508,7 +508,7 @@ def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: 
     LifecycleError
         If the snapshot is already committed or its folder is gone.
     """
-    from storage.deltalog import tail_seq  # deltalog imports this module's helpers
+    from carls_dask.storage.deltalog import tail_seq  # deltalog imports this module's helpers
 
     t0 = time.perf_counter()
     meta, tables = _validate_state(state)
@@ -705,7 +705,7 @@ def prune_snapshots(root: str | os.PathLike[str], keep: int) -> list[int]:
     list of int
         The versions removed (committed and abandoned).
     """
-    from storage.deltalog import prune_segments
+    from carls_dask.storage.deltalog import prune_segments
 
     rootp = pathlib.Path(root)
     if int(keep) < 1:

@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from carls_dask import config
 from carls_dask.cli import main
 from carls_dask.errors import CarlsError, ConfigError, CorruptStoreError
-from storage.bankview import open_bank
-from storage.deltalog import replay
-from storage.snapshots import read_snapshot
+from carls_dask.storage.bankview import open_bank
+from carls_dask.storage.deltalog import replay
+from carls_dask.storage.snapshots import read_snapshot
 from tests.storage.test_bank_cli import _store
 
 COUNTS: collections.Counter[str] = collections.Counter()
@@ -158,7 +158,7 @@ def logged(tmp_path_factory: pytest.TempPathFactory, pristine: pathlib.Path) -> 
     """The pristine store plus two delta-log records after its newest snapshot."""
     import numpy as np
 
-    from storage.deltalog import DeltaLog
+    from carls_dask.storage.deltalog import DeltaLog
     from tests.storage.states import table_rows
 
     root = tmp_path_factory.mktemp("logged") / "bank"

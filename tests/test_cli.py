@@ -46,7 +46,7 @@ def test_console_script_is_installed() -> None:
 def test_demo_runs_the_semi_supervised_paradigm_and_writes_a_run_folder(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from paradigms.data.planetoid import find_data_dir
+    from carls_dask.paradigms.data.planetoid import find_data_dir
 
     try:
         find_data_dir()

@@ -6,7 +6,7 @@ import pathlib
 
 import numpy as np
 
-import storage
+from carls_dask import storage
 from carls_dask.demo import run_figures
 
 

@@ -66,7 +66,7 @@ def _no_certificate_refused(address: str, ca_pem: str) -> bool:
 
 def test_workbench_starts_a_tls_cluster_and_the_bank_works_over_it(tls_bench: Workbench,
                                                                     tmp_path: pathlib.Path) -> None:
-    from storage.snapshots import read_snapshot
+    from carls_dask.storage.snapshots import read_snapshot
 
     wb = tls_bench
     assert wb.security is not None and wb.security.require_encryption

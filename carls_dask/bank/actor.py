@@ -23,8 +23,8 @@ from carls_dask import config
 from carls_dask.bank.core import LookupRows, ShardCore
 from carls_dask.bank.sampling import NegativeSample
 from carls_dask.bank.schema import TableSpec
-from storage.deltalog import MAKERS_TABLE
-from storage.errors import ShardLostError
+from carls_dask.storage.deltalog import MAKERS_TABLE
+from carls_dask.storage.errors import ShardLostError
 
 __all__ = ["MAKERS_TABLE", "OP_ID", "BankShard"]
 
@@ -97,7 +97,7 @@ class BankShard:
         See :class:`~carls_dask.bank.core.ShardCore`.
     log_root
         Bank store folder; when given, every mutating batch is appended to this shard's
-        :class:`storage.deltalog.DeltaLog` before the call returns.
+        :class:`carls_dask.storage.deltalog.DeltaLog` before the call returns.
     log_sync
         ``fdatasync`` each delta-log append (durability); off only for throw-away banks.
     """
@@ -132,7 +132,7 @@ class BankShard:
         self._ops: collections.OrderedDict[int, Any] = collections.OrderedDict()
         self._retired: str | None = None
         if log_root is not None:
-            from storage.deltalog import DeltaLog
+            from carls_dask.storage.deltalog import DeltaLog
 
             self._log = DeltaLog(log_root, shard, sync=log_sync)
 
@@ -334,7 +334,7 @@ class BankShard:
     @_locked
     def snapshot(self, handle: Any) -> dict[str, Any]:
         """Write this shard's state into the begun snapshot ``handle`` (whole Zarr chunks)."""
-        from storage.snapshots import write_shard
+        from carls_dask.storage.snapshots import write_shard
 
         if self._log is not None:
             self._log_makers()
@@ -352,7 +352,7 @@ class BankShard:
         dict
             Rows read from the snapshot and delta records applied.
         """
-        from storage.snapshots import read_manifest, read_snapshot
+        from carls_dask.storage.snapshots import read_manifest, read_snapshot
 
         man = read_manifest(root, version)
         tables = list(self.core.tables)
@@ -378,7 +378,7 @@ class BankShard:
         Operation ids of this shard's own records are remembered, so a batch that was logged but
         whose answer was lost with the old process is recognised when the client retries it.
         """
-        from storage.deltalog import replay
+        from carls_dask.storage.deltalog import replay
 
         applied = 0
         old_makers: dict[int, dict[int, str]] = {}
@@ -422,8 +422,8 @@ class BankShard:
             ``rows`` read from a snapshot, delta ``records`` applied, the snapshot ``version`` used
             (-1 for none) and the ``seconds`` it took.
         """
-        from storage.errors import StoreNotFoundError
-        from storage.snapshots import read_manifest
+        from carls_dask.storage.errors import StoreNotFoundError
+        from carls_dask.storage.snapshots import read_manifest
 
         t0 = time.perf_counter()
         try:

@@ -35,7 +35,7 @@ from carls_dask.bank.rehoming import (
 )
 from carls_dask.bank.sampling import NegativeSample, order_by_frequency, sample_candidates
 from carls_dask.bank.schema import TableSpec, check_batch_size, coerce_column_values, unknown_table
-from storage.errors import (
+from carls_dask.storage.errors import (
     DeadlineExceeded,
     InvalidBatchError,
     InvalidDTypeError,
@@ -674,7 +674,7 @@ class KnowledgeBank:
         have written, so a failure leaves the previous snapshot the newest valid one. ``timeout``
         bounds each shard's write (default: ten times the call timeout).
         """
-        from storage.snapshots import begin_snapshot, commit_snapshot
+        from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot
 
         kwargs = {
             "chunk_rows": int(config.get("storage.chunk-rows")),
@@ -723,7 +723,7 @@ class KnowledgeBank:
         Each new shard reads the rows of the buckets it owns from the snapshot and then replays the
         delta log recorded after it (``replay_log``). Optimizer slots and provenance come back exactly.
         """
-        from storage.snapshots import read_manifest
+        from carls_dask.storage.snapshots import read_manifest
 
         man = read_manifest(root, version)
         meta = man.get("meta", {})

@@ -35,7 +35,7 @@ from carls_dask.bank.schema import (
     unknown_table,
 )
 from carls_dask.bank.topk import METRICS, exact_top_k
-from storage.errors import (
+from carls_dask.storage.errors import (
     IncompatibleStoreError,
     InvalidBatchError,
     InvalidDTypeError,

@@ -33,7 +33,7 @@ from typing import Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from carls_dask import config
-from storage.errors import DeadlineExceeded, LifecycleError, ShardLostError
+from carls_dask.storage.errors import DeadlineExceeded, LifecycleError, ShardLostError
 
 __all__ = [
     "MUTATING",
@@ -200,7 +200,7 @@ def is_lost(exc: BaseException) -> bool:
 
     from distributed.scheduler import KilledWorker
 
-    from storage.errors import CarlsError
+    from carls_dask.storage.errors import CarlsError
 
     if isinstance(exc, ShardLostError):
         return True

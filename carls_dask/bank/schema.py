@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from storage.errors import (
+from carls_dask.storage.errors import (
     InvalidBatchError,
     InvalidDTypeError,
     InvalidShapeError,

@@ -7,7 +7,7 @@ from typing import Any
 
 from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
-from storage.errors import ConfigError
+from carls_dask.storage.errors import ConfigError
 
 __all__ = ["KnowledgeMaker"]
 

@@ -118,7 +118,7 @@ class ProgressSink:
                           if show else None)
         self._writer: Any = None
         if metrics_path is not None:
-            from storage.metrics import MetricWriter
+            from carls_dask.storage.metrics import MetricWriter
 
             self._writer = MetricWriter(metrics_path, run=run)
         self._last_step = -1

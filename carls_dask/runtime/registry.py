@@ -4,7 +4,7 @@
 ``carls_dask.paradigms`` entry-point group in their package metadata::
 
     [project.entry-points."carls_dask.paradigms"]
-    semi-supervised = "paradigms.semi_supervised.run:main"
+    semi-supervised = "carls_dask.paradigms.semi_supervised.run:main"
 
 or at run time with :func:`register_paradigm`. A runner takes a :class:`RunRequest` and returns
 an exit status (``None`` means 0).
@@ -19,7 +19,7 @@ import pathlib
 from collections.abc import Callable
 from typing import Any
 
-from storage.errors import ConfigError
+from carls_dask.storage.errors import ConfigError
 
 __all__ = ["ENTRY_POINT_GROUP", "RunRequest", "available_paradigms", "get_paradigm", "register_paradigm"]
 

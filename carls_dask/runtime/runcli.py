@@ -8,7 +8,7 @@ import pathlib
 import sys
 import time
 
-from storage.errors import ConfigError
+from carls_dask.storage.errors import ConfigError
 
 __all__ = ["add_arguments", "run"]
 

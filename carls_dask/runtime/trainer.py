@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from carls_dask.runtime.context import LoopContext
-from storage.errors import ConfigError
+from carls_dask.storage.errors import ConfigError
 
 __all__ = ["Trainer"]
 

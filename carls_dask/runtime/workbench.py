@@ -37,7 +37,13 @@ from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.progress import ProgressBook, ProgressSink
 from carls_dask.runtime.tasks import LoopSpec, run_loop_task
 from carls_dask.runtime.trainer import Trainer
-from storage.errors import CarlsError, ConfigError, DeadlineExceeded, LifecycleError, LoopFailedError
+from carls_dask.storage.errors import (
+    CarlsError,
+    ConfigError,
+    DeadlineExceeded,
+    LifecycleError,
+    LoopFailedError,
+)
 
 __all__ = ["LoopHandle", "LoopStatus", "Workbench"]
 

@@ -1,10 +1,10 @@
-"""The dashboard's views: each is a :class:`panel.viewable.Viewer` over a :class:`~dashboards.runreader.RunReader`.
+"""The dashboard's views: each is a :class:`panel.viewable.Viewer` over a :class:`~carls_dask.dashboards.runreader.RunReader`.
 
 Use them inline in a notebook::
 
     import panel as pn
-    from dashboards.runreader import RunReader
-    from dashboards.views import DriftView
+    from carls_dask.dashboards.runreader import RunReader
+    from carls_dask.dashboards.views import DriftView
 
     pn.extension()
     view = DriftView(reader=RunReader("runs/cora"))
@@ -13,9 +13,9 @@ Use them inline in a notebook::
 
 from __future__ import annotations
 
-from dashboards.views.curriculum import CurriculumView
-from dashboards.views.drift import DriftView
-from dashboards.views.health import HealthView
-from dashboards.views.pseudolabels import PseudoLabelView
+from carls_dask.dashboards.views.curriculum import CurriculumView
+from carls_dask.dashboards.views.drift import DriftView
+from carls_dask.dashboards.views.health import HealthView
+from carls_dask.dashboards.views.pseudolabels import PseudoLabelView
 
 __all__ = ["CurriculumView", "DriftView", "HealthView", "PseudoLabelView"]

@@ -13,8 +13,8 @@ import param
 import xarray as xr
 from panel.io.state import set_curdoc
 
-from dashboards.figures import LiveFigure
-from dashboards.runreader import RunReader
+from carls_dask.dashboards.figures import LiveFigure
+from carls_dask.dashboards.runreader import RunReader
 
 __all__ = ["RunView", "in_background", "series"]
 
@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 
 def series(name: str, arr: xr.DataArray) -> tuple[str, np.ndarray, np.ndarray]:
-    """A named 1-D series as ``(name, x, y)`` for :meth:`~dashboards.figures.LiveCurves.set`."""
+    """A named 1-D series as ``(name, x, y)`` for :meth:`~carls_dask.dashboards.figures.LiveCurves.set`."""
     dim = arr.dims[0]
     return name, np.asarray(arr[dim].values, dtype=np.float64), np.asarray(arr.values, dtype=np.float64)
 

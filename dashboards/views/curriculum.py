@@ -8,11 +8,11 @@ import panel as pn
 import param
 import xarray as xr
 
-from dashboards import metricnames as mn
-from dashboards.bankdata import has_column, keys_of, stable_sample
-from dashboards.curriculum import accuracy_by_difficulty, difficulty_histograms, pacing_vs_realised
-from dashboards.figures import LiveBars, LiveCurves, LiveHeatmap
-from dashboards.views.base import RunView, series
+from carls_dask.dashboards import metricnames as mn
+from carls_dask.dashboards.bankdata import has_column, keys_of, stable_sample
+from carls_dask.dashboards.curriculum import accuracy_by_difficulty, difficulty_histograms, pacing_vs_realised
+from carls_dask.dashboards.figures import LiveBars, LiveCurves, LiveHeatmap
+from carls_dask.dashboards.views.base import RunView, series
 
 __all__ = ["CurriculumView"]
 

@@ -7,11 +7,11 @@ import panel as pn
 import param
 import xarray as xr
 
-from dashboards import plots
-from dashboards.bankdata import has_column
-from dashboards.drift import aligned_projection, drift_stats, neighbour_churn
-from dashboards.figures import LiveCurves, LiveImage
-from dashboards.views.base import RunView, in_background, series
+from carls_dask.dashboards import plots
+from carls_dask.dashboards.bankdata import has_column
+from carls_dask.dashboards.drift import aligned_projection, drift_stats, neighbour_churn
+from carls_dask.dashboards.figures import LiveCurves, LiveImage
+from carls_dask.dashboards.views.base import RunView, in_background, series
 
 __all__ = ["DriftView"]
 

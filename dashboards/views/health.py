@@ -8,9 +8,9 @@ import panel as pn
 import param
 import xarray as xr
 
-from dashboards import metricnames as mn
-from dashboards.figures import LiveBars, LiveCurves
-from dashboards.health import (
+from carls_dask.dashboards import metricnames as mn
+from carls_dask.dashboards.figures import LiveBars, LiveCurves
+from carls_dask.dashboards.health import (
     bank_summary,
     counter_rate,
     maker_versions,
@@ -18,7 +18,7 @@ from dashboards.health import (
     staleness,
     steps_per_second,
 )
-from dashboards.views.base import RunView
+from carls_dask.dashboards.views.base import RunView
 
 __all__ = ["HealthView"]
 

@@ -10,10 +10,10 @@ import panel as pn
 import param
 import xarray as xr
 
-from dashboards import metricnames as mn
-from dashboards.bankdata import has_column
-from dashboards.figures import LiveBars, LiveCurves, LiveStackedBars
-from dashboards.pseudolabels import (
+from carls_dask.dashboards import metricnames as mn
+from carls_dask.dashboards.bankdata import has_column
+from carls_dask.dashboards.figures import LiveBars, LiveCurves, LiveStackedBars
+from carls_dask.dashboards.pseudolabels import (
     confidence_histogram,
     flip_rate,
     has_pseudo_labels,
@@ -22,8 +22,8 @@ from dashboards.pseudolabels import (
     threshold_curve,
     truth_for,
 )
-from dashboards.runreader import RunReader
-from dashboards.views.base import RunView, in_background, series
+from carls_dask.dashboards.runreader import RunReader
+from carls_dask.dashboards.views.base import RunView, in_background, series
 
 __all__ = ["PseudoLabelView"]
 
@@ -77,7 +77,7 @@ class PseudoLabelView(RunView):
             snaps = self.reader.snapshots()
             if not snaps:
                 return self.reader
-            from storage.snapshots import read_manifest
+            from carls_dask.storage.snapshots import read_manifest
 
             tables = read_manifest(self.reader.bank_path, int(snaps[-1]["version"])).get("tables", {})
             have = [t for t, info in tables.items() if "col/pseudo_label" in info.get("arrays", {})]

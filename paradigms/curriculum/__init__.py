@@ -1,24 +1,46 @@
 """Paradigm 2, curriculum learning: maker-scored difficulty, pacing, and learning under label noise.
 
 Knowledge makers score every training example with the newest trainer version and write the
-scores to the bank (:mod:`~paradigms.curriculum.loops`); the trainer samples by a pacing function
-over those scores through a PyTorch sampler (:mod:`~paradigms.curriculum.pacing`,
-:mod:`~paradigms.curriculum.sampler`) and relabels or down-weights examples whose given label the
-makers consistently reject (:mod:`~paradigms.curriculum.cleaning`). ``carls-dask run curriculum``
-runs it on a Dask cluster (:mod:`~paradigms.curriculum.run`); :func:`run_inline` runs it in one
+scores to the bank (:mod:`~carls_dask.paradigms.curriculum.loops`); the trainer samples by a pacing function
+over those scores through a PyTorch sampler (:mod:`~carls_dask.paradigms.curriculum.pacing`,
+:mod:`~carls_dask.paradigms.curriculum.sampler`) and relabels or down-weights examples whose given label the
+makers consistently reject (:mod:`~carls_dask.paradigms.curriculum.cleaning`). ``carls-dask run curriculum``
+runs it on a Dask cluster (:mod:`~carls_dask.paradigms.curriculum.run`); :func:`run_inline` runs it in one
 process, deterministically.
 """
 
 from __future__ import annotations
 
-from paradigms.curriculum.cleaning import CLEAN_MODES, CleaningRule, clean_targets, detection_quality
-from paradigms.curriculum.inline import InlineResult, LocalBank, run_inline
-from paradigms.curriculum.loops import BANK_COLUMNS, CurriculumTrainer, DifficultyMaker, difficulty_table
-from paradigms.curriculum.noise import NoisyLabels, symmetric_noise
-from paradigms.curriculum.pacing import PACING_SCHEDULES, FractionPacing, Pacing, SelfPacedPacing, make_pacing
-from paradigms.curriculum.sampler import CurriculumSampler
-from paradigms.curriculum.scoring import SCORERS, get_scorer, register_scorer
-from paradigms.curriculum.settings import TABLE, CurriculumData, CurriculumSettings, load_data, make_model
+from carls_dask.paradigms.curriculum.cleaning import (
+    CLEAN_MODES,
+    CleaningRule,
+    clean_targets,
+    detection_quality,
+)
+from carls_dask.paradigms.curriculum.inline import InlineResult, LocalBank, run_inline
+from carls_dask.paradigms.curriculum.loops import (
+    BANK_COLUMNS,
+    CurriculumTrainer,
+    DifficultyMaker,
+    difficulty_table,
+)
+from carls_dask.paradigms.curriculum.noise import NoisyLabels, symmetric_noise
+from carls_dask.paradigms.curriculum.pacing import (
+    PACING_SCHEDULES,
+    FractionPacing,
+    Pacing,
+    SelfPacedPacing,
+    make_pacing,
+)
+from carls_dask.paradigms.curriculum.sampler import CurriculumSampler
+from carls_dask.paradigms.curriculum.scoring import SCORERS, get_scorer, register_scorer
+from carls_dask.paradigms.curriculum.settings import (
+    TABLE,
+    CurriculumData,
+    CurriculumSettings,
+    load_data,
+    make_model,
+)
 
 __all__ = [
     "BANK_COLUMNS",

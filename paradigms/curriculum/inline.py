@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from carls_dask.bank.core import LookupResult, ShardCore
+from carls_dask.paradigms.curriculum.loops import CurriculumTrainer, DifficultyMaker, difficulty_table
+from carls_dask.paradigms.curriculum.settings import CurriculumSettings
 from carls_dask.runtime.channel import LocalModelChannel
 from carls_dask.runtime.context import LoopContext, ThreadStop, pick_device
-from paradigms.curriculum.loops import CurriculumTrainer, DifficultyMaker, difficulty_table
-from paradigms.curriculum.settings import CurriculumSettings
 
 __all__ = ["InlineResult", "LocalBank", "run_inline"]
 
@@ -52,7 +52,7 @@ class LocalBank:
 
     def snapshot(self, root: str, step: int) -> int:
         """Write and commit a snapshot of the bank under ``root``; returns its version."""
-        from storage.snapshots import begin_snapshot, commit_snapshot, write_shard
+        from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
 
         handle = begin_snapshot(root, int(step))
         write_shard(handle, self.core.export_state())

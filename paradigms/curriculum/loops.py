@@ -5,7 +5,7 @@
   (the prediction), ``disagree_rounds`` (consecutive rounds rejecting the given label at high
   confidence) and ``clean_difficulty`` (the score against the label a cleaning trainer uses). Rows
   are written with the version's ``model_step`` and the maker's name as provenance.
-- :class:`CurriculumTrainer` trains on batches from a :class:`~paradigms.curriculum.sampler.CurriculumSampler`
+- :class:`CurriculumTrainer` trains on batches from a :class:`~carls_dask.paradigms.curriculum.sampler.CurriculumSampler`
   fed with the bank's current scores; with cleaning on, flagged examples are relabelled or down-weighted.
   It reports the planned pacing, the admitted fraction and the realised sampling every step.
 
@@ -19,15 +19,15 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.paradigms.curriculum.cleaning import clean_targets, detection_quality
+from carls_dask.paradigms.curriculum.sampler import CurriculumSampler
+from carls_dask.paradigms.curriculum.scoring import get_scorer
+from carls_dask.paradigms.curriculum.settings import TABLE, CurriculumSettings, load_data, make_model
 from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.trainer import Trainer
-from paradigms.curriculum.cleaning import clean_targets, detection_quality
-from paradigms.curriculum.sampler import CurriculumSampler
-from paradigms.curriculum.scoring import get_scorer
-from paradigms.curriculum.settings import TABLE, CurriculumSettings, load_data, make_model
-from storage.errors import ConfigError
+from carls_dask.storage.errors import ConfigError
 
 __all__ = ["BANK_COLUMNS", "CurriculumTrainer", "DifficultyMaker", "difficulty_table", "evaluate"]
 
@@ -79,7 +79,7 @@ class CurriculumTrainer(Trainer):
     Parameters
     ----------
     settings
-        The run's :class:`~paradigms.curriculum.settings.CurriculumSettings`; its ``steps`` and
+        The run's :class:`~carls_dask.paradigms.curriculum.settings.CurriculumSettings`; its ``steps`` and
         ``publish_every`` set the loop's.
     name
         Loop name.

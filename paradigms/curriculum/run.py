@@ -1,6 +1,6 @@
 """``carls-dask run curriculum``: the curriculum on a Dask cluster, writing a run folder the dashboards open.
 
-Options (``-o KEY=VALUE``) are the fields of :class:`~paradigms.curriculum.settings.CurriculumSettings`
+Options (``-o KEY=VALUE``) are the fields of :class:`~carls_dask.paradigms.curriculum.settings.CurriculumSettings`
 (``dataset``, ``noise``, ``pacing``, ``clean``, ``scorer``, ...) plus:
 
 ``makers``
@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.paradigms.curriculum.loops import CurriculumTrainer, DifficultyMaker, difficulty_table
+from carls_dask.paradigms.curriculum.settings import CurriculumSettings, load_data
 from carls_dask.runtime.progress import ProgressBook
 from carls_dask.runtime.registry import RunRequest
-from paradigms.curriculum.loops import CurriculumTrainer, DifficultyMaker, difficulty_table
-from paradigms.curriculum.settings import CurriculumSettings, load_data
-from storage.errors import ConfigError
+from carls_dask.storage.errors import ConfigError
 
 __all__ = ["CurriculumBook", "main", "run_curriculum"]
 

@@ -7,12 +7,12 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from paradigms.curriculum.cleaning import CLEAN_MODES, CleaningRule
-from paradigms.curriculum.noise import NoisyLabels, symmetric_noise
-from paradigms.curriculum.pacing import PACING_SCHEDULES, Pacing, make_pacing
-from paradigms.curriculum.scoring import SCORERS
-from paradigms.data.fashion_mnist import ImageData, load_images
-from storage.errors import ConfigError
+from carls_dask.paradigms.curriculum.cleaning import CLEAN_MODES, CleaningRule
+from carls_dask.paradigms.curriculum.noise import NoisyLabels, symmetric_noise
+from carls_dask.paradigms.curriculum.pacing import PACING_SCHEDULES, Pacing, make_pacing
+from carls_dask.paradigms.curriculum.scoring import SCORERS
+from carls_dask.paradigms.data.fashion_mnist import ImageData, load_images
+from carls_dask.storage.errors import ConfigError
 
 __all__ = ["TABLE", "CurriculumData", "CurriculumSettings", "load_data", "make_model"]
 
@@ -44,7 +44,7 @@ class CurriculumSettings:
     batch_size, lr
         Batch size and Adam learning rate.
     pacing
-        Pacing schedule (one of :data:`~paradigms.curriculum.pacing.PACING_SCHEDULES`).
+        Pacing schedule (one of :data:`~carls_dask.paradigms.curriculum.pacing.PACING_SCHEDULES`).
     pacing_start, pacing_end
         Start and end of the schedule (fractions; thresholds for ``self-paced``); ``None`` = defaults.
     ramp
@@ -54,11 +54,11 @@ class CurriculumSettings:
     balanced
         Pace each class separately (the easiest share of every class), so early batches keep all classes.
     scorer
-        Difficulty scorer name (see :data:`~paradigms.curriculum.scoring.SCORERS`).
+        Difficulty scorer name (see :data:`~carls_dask.paradigms.curriculum.scoring.SCORERS`).
     clean
         ``"none"``, ``"relabel"`` or ``"downweight"``.
     clean_confidence, clean_rounds
-        The :class:`~paradigms.curriculum.cleaning.CleaningRule`.
+        The :class:`~carls_dask.paradigms.curriculum.cleaning.CleaningRule`.
     flagged_weight
         Loss weight of flagged examples under ``"downweight"``.
     publish_every

@@ -1,12 +1,12 @@
 """Paradigm 3, multimodal: image-text contrastive learning with bank-held embeddings and negatives.
 
-- :mod:`paradigms.multimodal.text` and :mod:`paradigms.multimodal.features`: hashed n-gram text
+- :mod:`carls_dask.paradigms.multimodal.text` and :mod:`carls_dask.paradigms.multimodal.features`: hashed n-gram text
   ids and frozen EfficientNet-Lite0 image features (computed once and cached);
-- :mod:`paradigms.multimodal.model`: the dual encoder (trainable heads) and the image query head;
-- :mod:`paradigms.multimodal.losses`: contrastive loss with extra bank negatives and logQ
+- :mod:`carls_dask.paradigms.multimodal.model`: the dual encoder (trainable heads) and the image query head;
+- :mod:`carls_dask.paradigms.multimodal.losses`: contrastive loss with extra bank negatives and logQ
   correction, and sampled softmax for a large output space;
-- :mod:`paradigms.multimodal.loops`: the trainers and the corpus knowledge maker;
-- :mod:`paradigms.multimodal.run`: ``carls-dask run multimodal``.
+- :mod:`carls_dask.paradigms.multimodal.loops`: the trainers and the corpus knowledge maker;
+- :mod:`carls_dask.paradigms.multimodal.run`: ``carls-dask run multimodal``.
 """
 
 from __future__ import annotations

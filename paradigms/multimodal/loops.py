@@ -24,15 +24,15 @@ from typing import Any
 import numpy as np
 
 from carls_dask.bank import Column, TableSpec, to_int64_keys
+from carls_dask.paradigms.data.openmoji import EmojiPairs, concept_split, load_openmoji_pairs
+from carls_dask.paradigms.multimodal.features import FEATURE_DIM, PRETRAINED_NAME, image_features
+from carls_dask.paradigms.multimodal.metrics import retrieval_report
+from carls_dask.paradigms.multimodal.text import hash_tokens
 from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.trainer import Trainer
-from paradigms.data.openmoji import EmojiPairs, concept_split, load_openmoji_pairs
-from paradigms.multimodal.features import FEATURE_DIM, PRETRAINED_NAME, image_features
-from paradigms.multimodal.metrics import retrieval_report
-from paradigms.multimodal.text import hash_tokens
-from storage.errors import ConfigError
+from carls_dask.storage.errors import ConfigError
 
 __all__ = [
     "NEGATIVES",
@@ -235,7 +235,7 @@ class ContrastiveTrainer(Trainer):
     def setup(self, ctx: LoopContext) -> None:
         import torch
 
-        from paradigms.multimodal.model import DualEncoder
+        from carls_dask.paradigms.multimodal.model import DualEncoder
 
         _set_threads(self.corpus_spec)
         torch.manual_seed(self.seed)
@@ -347,7 +347,7 @@ class ContrastiveTrainer(Trainer):
     def step(self, step: int) -> Mapping[str, float]:
         import torch
 
-        from paradigms.multimodal.losses import contrastive_loss
+        from carls_dask.paradigms.multimodal.losses import contrastive_loss
 
         idx = self.rng.choice(len(self.keys), size=self.batch_size, replace=False)
         img, txt = self.model(self.feats[idx], self.ids[idx])
@@ -445,7 +445,7 @@ class CorpusMaker(KnowledgeMaker):
     def setup(self, ctx: LoopContext) -> None:
         import torch
 
-        from paradigms.multimodal.model import DualEncoder
+        from carls_dask.paradigms.multimodal.model import DualEncoder
 
         if ctx.bank is None:
             raise ConfigError(f"CorpusMaker {self.name!r} needs a bank with the corpus tables")
@@ -517,7 +517,7 @@ class ConceptClassifierTrainer(Trainer):
     def setup(self, ctx: LoopContext) -> None:
         import torch
 
-        from paradigms.multimodal.model import ImageQueryHead
+        from carls_dask.paradigms.multimodal.model import ImageQueryHead
 
         if ctx.bank is None:
             raise ConfigError(f"ConceptClassifierTrainer {self.name!r} needs a bank with a 'concepts' table")
@@ -544,7 +544,7 @@ class ConceptClassifierTrainer(Trainer):
     def step(self, step: int) -> Mapping[str, float]:
         import torch
 
-        from paradigms.multimodal.losses import sampled_softmax_loss
+        from carls_dask.paradigms.multimodal.losses import sampled_softmax_loss
 
         assert self.ctx is not None
         bank = self.ctx.bank

@@ -19,8 +19,7 @@ import logging
 import pathlib
 from typing import Any
 
-from carls_dask.runtime.registry import RunRequest
-from paradigms.multimodal.loops import (
+from carls_dask.paradigms.multimodal.loops import (
     ConceptClassifierTrainer,
     ContrastiveTrainer,
     CorpusMaker,
@@ -29,7 +28,8 @@ from paradigms.multimodal.loops import (
     default_cache_dir,
     initialise_bank,
 )
-from storage.errors import ConfigError
+from carls_dask.runtime.registry import RunRequest
+from carls_dask.storage.errors import ConfigError
 
 __all__ = ["ExperimentResult", "main", "run_contrastive"]
 

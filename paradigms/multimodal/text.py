@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from storage.errors import ConfigError
+from carls_dask.storage.errors import ConfigError
 
 __all__ = ["hash_tokens", "tokens"]
 

@@ -18,11 +18,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from paradigms.data.planetoid import PlanetoidGraph
-from paradigms.semi_supervised.loss import DISTANCES, graph_regularization, pseudo_label_loss
-from paradigms.semi_supervised.model import MLP
-from paradigms.semi_supervised.neighbours import NeighbourTable, build_neighbour_table
-from storage.errors import ConfigError, InvalidShapeError
+from carls_dask.paradigms.data.planetoid import PlanetoidGraph
+from carls_dask.paradigms.semi_supervised.loss import DISTANCES, graph_regularization, pseudo_label_loss
+from carls_dask.paradigms.semi_supervised.model import MLP
+from carls_dask.paradigms.semi_supervised.neighbours import NeighbourTable, build_neighbour_table
+from carls_dask.storage.errors import ConfigError, InvalidShapeError
 
 __all__ = ["MODES", "PSEUDO_SELECTIONS", "NodeClassifierCore", "SemiSupervisedConfig", "expand_neighbour_rows"]
 
@@ -65,7 +65,7 @@ class SemiSupervisedConfig:
         ``"threshold"``: every unlabelled node whose model confidence passes ``threshold``;
         ``"balanced"``: per class, the candidates with the most confident neighbour vote that agrees
         with the model, up to ``pseudo_fraction`` of the candidates in all (see
-        :func:`~paradigms.semi_supervised.pseudo_labels.select_balanced_pseudo_labels`).
+        :func:`~carls_dask.paradigms.semi_supervised.pseudo_labels.select_balanced_pseudo_labels`).
     pseudo_fraction
         Share of the unlabelled nodes that may get a pseudo label (``balanced``).
     pseudo_alpha

@@ -3,7 +3,7 @@
 The trainer and the makers are the same classes the Workbench runs as Dask futures, driven here in
 lock step: every ``publish_every`` trainer steps each maker loads the new version and makes its
 round before training goes on. The bank is a one-shard in-process bank
-(:class:`~paradigms.curriculum.inline.LocalBank` with ``delete``), so a run depends only on its
+(:class:`~carls_dask.paradigms.curriculum.inline.LocalBank` with ``delete``), so a run depends only on its
 settings and seeds, and figures of different settings can be compared seed by seed.
 """
 
@@ -15,12 +15,17 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.paradigms.curriculum.inline import LocalBank
+from carls_dask.paradigms.data.planetoid import find_data_dir, load_planetoid
+from carls_dask.paradigms.semi_supervised.core import SemiSupervisedConfig
+from carls_dask.paradigms.semi_supervised.loops import (
+    GraphTrainer,
+    NeighbourMaker,
+    PseudoLabelMaker,
+    bank_tables,
+)
 from carls_dask.runtime.channel import LocalModelChannel
 from carls_dask.runtime.context import LoopContext, ThreadStop, pick_device
-from paradigms.curriculum.inline import LocalBank
-from paradigms.data.planetoid import find_data_dir, load_planetoid
-from paradigms.semi_supervised.core import SemiSupervisedConfig
-from paradigms.semi_supervised.loops import GraphTrainer, NeighbourMaker, PseudoLabelMaker, bank_tables
 
 __all__ = ["SemiSupervisedLocalBank", "run_inline"]
 
@@ -42,7 +47,7 @@ def run_inline(config: SemiSupervisedConfig, *, data_dir: str | os.PathLike[str]
     config
         The variant and its hyper-parameters.
     data_dir
-        Data folder (see :func:`~paradigms.data.planetoid.find_data_dir`).
+        Data folder (see :func:`~carls_dask.paradigms.data.planetoid.find_data_dir`).
     publish_every
         Trainer steps between the makers' rounds.
     torch_threads
@@ -51,7 +56,7 @@ def run_inline(config: SemiSupervisedConfig, *, data_dir: str | os.PathLike[str]
     Returns
     -------
     dict
-        The trainer's figures (as :func:`~paradigms.semi_supervised.run.run_semi_supervised`
+        The trainer's figures (as :func:`~carls_dask.paradigms.semi_supervised.run.run_semi_supervised`
         returns them) and each maker's last numbers under ``makers``.
     """
     t0 = time.monotonic()

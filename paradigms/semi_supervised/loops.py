@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.runtime.channel import ModelVersion
-from carls_dask.runtime.context import LoopContext
-from carls_dask.runtime.maker import KnowledgeMaker
-from carls_dask.runtime.trainer import Trainer
-from paradigms.data.planetoid import PlanetoidGraph, load_planetoid
-from paradigms.semi_supervised.core import NodeClassifierCore, SemiSupervisedConfig, expand_neighbour_rows
-from paradigms.semi_supervised.pseudo_labels import (
+from carls_dask.paradigms.data.planetoid import PlanetoidGraph, load_planetoid
+from carls_dask.paradigms.semi_supervised.core import (
+    NodeClassifierCore,
+    SemiSupervisedConfig,
+    expand_neighbour_rows,
+)
+from carls_dask.paradigms.semi_supervised.pseudo_labels import (
     PseudoLabels,
     normalized_adjacency,
     propagate_labels,
@@ -36,7 +36,11 @@ from paradigms.semi_supervised.pseudo_labels import (
     select_balanced_pseudo_labels,
     select_pseudo_labels,
 )
-from storage.errors import ConfigError
+from carls_dask.runtime.channel import ModelVersion
+from carls_dask.runtime.context import LoopContext
+from carls_dask.runtime.maker import KnowledgeMaker
+from carls_dask.runtime.trainer import Trainer
+from carls_dask.storage.errors import ConfigError
 
 __all__ = ["NODES_TABLE", "PSEUDO_TABLE", "GraphTrainer", "NeighbourMaker", "PseudoLabelMaker", "bank_tables"]
 
@@ -83,7 +87,7 @@ class GraphTrainer(Trainer):
     config
         The run's :class:`SemiSupervisedConfig`; ``config.steps`` is the step budget.
     data_dir
-        Data folder (see :func:`~paradigms.data.planetoid.find_data_dir`); resolved on the worker.
+        Data folder (see :func:`~carls_dask.paradigms.data.planetoid.find_data_dir`); resolved on the worker.
     publish_every
         Steps between published model versions (``carls.runtime.publish-every`` when ``None``).
     torch_threads
@@ -194,7 +198,7 @@ class _ModelMaker(KnowledgeMaker):
     def setup(self, ctx: LoopContext) -> None:
         import torch
 
-        from paradigms.semi_supervised.model import MLP
+        from carls_dask.paradigms.semi_supervised.model import MLP
 
         _limit_threads(self.torch_threads)
         if ctx.bank is None:

@@ -18,11 +18,16 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.paradigms.data.planetoid import find_data_dir, load_planetoid
+from carls_dask.paradigms.semi_supervised.core import SemiSupervisedConfig
+from carls_dask.paradigms.semi_supervised.loops import (
+    GraphTrainer,
+    NeighbourMaker,
+    PseudoLabelMaker,
+    bank_tables,
+)
 from carls_dask.runtime.workbench import Workbench
-from paradigms.data.planetoid import find_data_dir, load_planetoid
-from paradigms.semi_supervised.core import SemiSupervisedConfig
-from paradigms.semi_supervised.loops import GraphTrainer, NeighbourMaker, PseudoLabelMaker, bank_tables
-from storage.errors import ConfigError, DeadlineExceeded
+from carls_dask.storage.errors import ConfigError, DeadlineExceeded
 
 __all__ = ["ALL_NODES", "BANK_DEFAULTS", "config_from_options", "main", "run_semi_supervised"]
 

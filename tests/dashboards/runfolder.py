@@ -1,4 +1,4 @@
-"""Write run folders (bank snapshots through storage.snapshots, metrics through storage.metrics) for tests.
+"""Write run folders (bank snapshots through carls_dask.storage.snapshots, metrics through carls_dask.storage.metrics) for tests.
 
 Also runnable as a background writer: ``python -m tests.dashboards.runfolder RUN --period 0.3``
 commits a new snapshot (with more rows) every period until killed, and appends metric rows.
@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from storage.snapshots import begin_snapshot, commit_snapshot, write_shard
+from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
 
 BUCKETS = 64
 N_SHARDS = 2
@@ -113,8 +113,8 @@ def main() -> None:
     parser.add_argument("--start-rows", type=int, default=2000)
     parser.add_argument("--grow", type=int, default=7, help="rows each write adds")
     args = parser.parse_args()
-    from storage.deltalog import DeltaLog
-    from storage.metrics import MetricWriter
+    from carls_dask.storage.deltalog import DeltaLog
+    from carls_dask.storage.metrics import MetricWriter
 
     args.run.mkdir(parents=True, exist_ok=True)
     bank = args.run / "bank"

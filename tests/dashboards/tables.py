@@ -1,4 +1,4 @@
-"""Build bank-table datasets shaped like ``storage.open_bank`` output, for the dashboard tests."""
+"""Build bank-table datasets shaped like ``carls_dask.storage.open_bank`` output, for the dashboard tests."""
 
 from __future__ import annotations
 

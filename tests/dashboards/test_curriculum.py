@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from dashboards.curriculum import (
+from carls_dask.dashboards.curriculum import (
     accuracy_by_difficulty,
     admitted_fraction,
     difficulty_histograms,
     pacing_vs_realised,
 )
-from storage.errors import InvalidBatchError
+from carls_dask.storage.errors import InvalidBatchError
 from tests.dashboards.tables import make_table
 
 

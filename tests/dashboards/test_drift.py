@@ -5,9 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dashboards.bankdata import stable_sample
-from dashboards.drift import aligned_projection, drift_over_snapshots, drift_stats, knn, neighbour_churn
-from storage.errors import InvalidShapeError, UnknownColumnError
+from carls_dask.dashboards.bankdata import stable_sample
+from carls_dask.dashboards.drift import (
+    aligned_projection,
+    drift_over_snapshots,
+    drift_stats,
+    knn,
+    neighbour_churn,
+)
+from carls_dask.storage.errors import InvalidShapeError, UnknownColumnError
 from tests.dashboards.tables import make_table
 
 

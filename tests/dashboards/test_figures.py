@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from bokeh.document import Document
 
-from dashboards.figures import LiveBars, LiveCurves, LiveHeatmap, LiveImage, LiveStackedBars
+from carls_dask.dashboards.figures import LiveBars, LiveCurves, LiveHeatmap, LiveImage, LiveStackedBars
 
 
 def _events(doc: Document) -> list[object]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from dashboards.health import (
+from carls_dask.dashboards.health import (
     bank_summary,
     counter_rate,
     maker_versions,

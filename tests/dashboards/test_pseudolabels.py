@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from dashboards.pseudolabels import (
+from carls_dask.dashboards.pseudolabels import (
     confidence_histogram,
     flip_rate,
     has_pseudo_labels,
@@ -15,7 +15,7 @@ from dashboards.pseudolabels import (
     threshold_curve,
     truth_for,
 )
-from storage.errors import UnknownColumnError
+from carls_dask.storage.errors import UnknownColumnError
 from tests.dashboards.tables import make_table
 
 # ten rows: pseudo labels, confidences and held-out truth (-1: unknown / unlabelled)

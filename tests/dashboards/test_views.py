@@ -11,11 +11,11 @@ import pytest
 
 from carls_dask.cli import main
 from carls_dask.dashboard_cli import panel_command
-from dashboards.dashboard import Dashboard, run_path_from
-from dashboards.runreader import RunReader
-from dashboards.views import DriftView, PseudoLabelView
-from storage.errors import ConfigError
-from storage.metrics import MetricWriter, open_metrics
+from carls_dask.dashboards.dashboard import Dashboard, run_path_from
+from carls_dask.dashboards.runreader import RunReader
+from carls_dask.dashboards.views import DriftView, PseudoLabelView
+from carls_dask.storage.errors import ConfigError
+from carls_dask.storage.metrics import MetricWriter, open_metrics
 from tests.dashboards.runfolder import nodes, write_snapshot, write_truth
 
 
@@ -216,7 +216,7 @@ def test_reads_happen_off_the_page_and_updates_are_queued_until_flushed(run: pat
 
 
 def test_headline_counts_delta_rows_like_the_full_read(tmp_path: pathlib.Path) -> None:
-    from storage.deltalog import DeltaLog
+    from carls_dask.storage.deltalog import DeltaLog
     from tests.dashboards.runfolder import N_SHARDS, delta_rows
 
     keys, cols = nodes(60, 10)
@@ -256,7 +256,7 @@ def test_threshold_change_judges_the_shown_rows_again_without_reading_the_run(tm
 
 
 def test_pseudo_labels_kept_in_a_table_of_their_own_are_found(tmp_path: pathlib.Path) -> None:
-    from storage.snapshots import begin_snapshot, commit_snapshot, write_shard
+    from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
     from tests.dashboards.runfolder import shard_states
 
     keys, cols = nodes(400, 10)

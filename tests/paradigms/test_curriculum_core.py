@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from carls_dask.errors import ConfigError, InvalidShapeError
-from paradigms.curriculum import (
+from carls_dask.paradigms.curriculum import (
     CleaningRule,
     CurriculumSampler,
     CurriculumSettings,
@@ -26,7 +26,7 @@ from paradigms.curriculum import (
     run_inline,
     symmetric_noise,
 )
-from paradigms.curriculum.scoring import SCORERS
+from carls_dask.paradigms.curriculum.scoring import SCORERS
 
 # -- noise ---------------------------------------------------------------------------------------
 
@@ -262,7 +262,7 @@ def _digits(**kw: object) -> CurriculumSettings:
 def test_inline_curriculum_scores_every_example_and_detects_noise(tmp_path: object) -> None:
     import pathlib
 
-    from storage import open_bank
+    from carls_dask.storage import open_bank
 
     root = pathlib.Path(str(tmp_path)) / "bank"
     res = run_inline(_digits(), snapshot_dir=str(root))
@@ -289,8 +289,13 @@ def test_inline_runs_are_reproducible() -> None:
 
 
 def test_a_trainer_resumed_from_its_state_continues_identically() -> None:
+    from carls_dask.paradigms.curriculum import (
+        CurriculumTrainer,
+        DifficultyMaker,
+        LocalBank,
+        difficulty_table,
+    )
     from carls_dask.runtime import LocalModelChannel, LoopContext, ThreadStop
-    from paradigms.curriculum import CurriculumTrainer, DifficultyMaker, LocalBank, difficulty_table
 
     s = _digits(steps=80, warmup=0.0, refresh_every=5)
     bank = LocalBank([difficulty_table()])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from carls_dask.errors import ConfigError, CorruptStoreError, StoreNotFoundError
-from paradigms.data.fashion_mnist import (
+from carls_dask.paradigms.data.fashion_mnist import (
     fashion_mnist_dir,
     load_digits_images,
     load_fashion_mnist,

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 from carls_dask.errors import ConfigError
+from carls_dask.paradigms.curriculum import CurriculumSettings
+from carls_dask.paradigms.curriculum.run import main, run_curriculum
 from carls_dask.runtime.registry import RunRequest, available_paradigms, get_paradigm
-from paradigms.curriculum import CurriculumSettings
-from paradigms.curriculum.run import main, run_curriculum
 
 
 def test_run_curriculum_writes_a_run_folder(client: object, tmp_path: pathlib.Path) -> None:
-    from dashboards.curriculum import pacing_vs_realised
-    from storage import open_bank
-    from storage.metrics import open_metrics
-    from storage.snapshots import list_snapshots
+    from carls_dask.dashboards.curriculum import pacing_vs_realised
+    from carls_dask.storage import open_bank
+    from carls_dask.storage.metrics import open_metrics
+    from carls_dask.storage.snapshots import list_snapshots
 
     settings = CurriculumSettings(dataset="digits", n_train=None, n_test=None, noise=0.3, steps=200, batch_size=64,
                                   hidden=64, lr=3e-3, publish_every=40, refresh_every=10, warmup=0.2,

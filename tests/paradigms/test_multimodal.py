@@ -14,11 +14,11 @@ pytest.importorskip("efficientnet_lite_pytorch")
 
 import torch
 
-from paradigms.data.openmoji import concept_of, concept_split, load_openmoji_pairs
-from paradigms.multimodal.losses import contrastive_loss, sampled_softmax_loss
-from paradigms.multimodal.metrics import recall_at_k, retrieval_report
-from paradigms.multimodal.text import hash_tokens
-from storage.errors import ConfigError, InvalidBatchError, InvalidShapeError
+from carls_dask.paradigms.data.openmoji import concept_of, concept_split, load_openmoji_pairs
+from carls_dask.paradigms.multimodal.losses import contrastive_loss, sampled_softmax_loss
+from carls_dask.paradigms.multimodal.metrics import recall_at_k, retrieval_report
+from carls_dask.paradigms.multimodal.text import hash_tokens
+from carls_dask.storage.errors import ConfigError, InvalidBatchError, InvalidShapeError
 
 LIMIT = 40
 
@@ -141,7 +141,7 @@ def test_recall_at_k_counts_ties_against_the_query() -> None:
 # -- training ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def corpus_spec(cache_dir: pathlib.Path):  # type: ignore[no-untyped-def]
-    from paradigms.multimodal.loops import CorpusSpec
+    from carls_dask.paradigms.multimodal.loops import CorpusSpec
 
     return CorpusSpec(size=32, limit=LIMIT, n_test=8, seed=1, cache_dir=str(cache_dir))
 
@@ -149,7 +149,7 @@ def corpus_spec(cache_dir: pathlib.Path):  # type: ignore[no-untyped-def]
 def test_validation_split_is_held_out_by_concept_and_leaves_test_unchanged(corpus_spec) -> None:  # type: ignore[no-untyped-def]
     import dataclasses
 
-    from paradigms.multimodal.loops import load_corpus
+    from carls_dask.paradigms.multimodal.loops import load_corpus
 
     plain = load_corpus(corpus_spec)
     c = load_corpus(dataclasses.replace(corpus_spec, n_val=8))
@@ -165,9 +165,9 @@ def test_validation_split_is_held_out_by_concept_and_leaves_test_unchanged(corpu
 
 
 def test_dual_encoder_learns_to_align_its_training_pairs(corpus_spec) -> None:  # type: ignore[no-untyped-def]
-    from paradigms.multimodal.features import FEATURE_DIM
-    from paradigms.multimodal.loops import load_corpus
-    from paradigms.multimodal.model import DualEncoder
+    from carls_dask.paradigms.multimodal.features import FEATURE_DIM
+    from carls_dask.paradigms.multimodal.loops import load_corpus
+    from carls_dask.paradigms.multimodal.model import DualEncoder
 
     torch.manual_seed(0)
     c = load_corpus(corpus_spec)
@@ -195,7 +195,7 @@ def test_dual_encoder_learns_to_align_its_training_pairs(corpus_spec) -> None:  
 
 
 def test_trainer_rejects_bad_settings(corpus_spec) -> None:  # type: ignore[no-untyped-def]
-    from paradigms.multimodal.loops import ConceptClassifierTrainer, ContrastiveTrainer
+    from carls_dask.paradigms.multimodal.loops import ConceptClassifierTrainer, ContrastiveTrainer
 
     with pytest.raises(ConfigError, match=r"negatives='nearest'; expected one of \('in_batch'"):
         ContrastiveTrainer(corpus_spec, negatives="nearest")
@@ -208,8 +208,13 @@ def test_trainer_rejects_bad_settings(corpus_spec) -> None:  # type: ignore[no-u
 def test_bank_negatives_are_encoded_by_the_current_model(client, corpus_spec) -> None:  # type: ignore[no-untyped-def]
     """The bank gives keys (a sample, or top-k by the maker's embeddings); the trainer encodes them itself."""
     from carls_dask.bank import KnowledgeBank
+    from carls_dask.paradigms.multimodal.loops import (
+        ContrastiveTrainer,
+        CorpusMaker,
+        corpus_tables,
+        initialise_bank,
+    )
     from carls_dask.runtime import LocalModelChannel, LoopContext, ThreadStop
-    from paradigms.multimodal.loops import ContrastiveTrainer, CorpusMaker, corpus_tables, initialise_bank
 
     bank = KnowledgeBank.create(client, corpus_tables(16), n_shards=2)
     try:
@@ -264,9 +269,9 @@ def test_bank_negatives_are_encoded_by_the_current_model(client, corpus_spec) ->
 
 def test_run_with_bank_negatives_maker_and_bank_held_classes(client, corpus_spec) -> None:  # type: ignore[no-untyped-def]
     from carls_dask.bank import to_int64_keys
+    from carls_dask.paradigms.multimodal.loops import load_corpus
+    from carls_dask.paradigms.multimodal.run import run_contrastive
     from carls_dask.runtime.workbench import Workbench
-    from paradigms.multimodal.loops import load_corpus
-    from paradigms.multimodal.run import run_contrastive
 
     c = load_corpus(corpus_spec)  # fills the caches the workers read
     steps = 20
@@ -300,7 +305,7 @@ def test_run_with_bank_negatives_maker_and_bank_held_classes(client, corpus_spec
 @pytest.mark.slow
 def test_cli_run_writes_a_run_folder(tmp_path: pathlib.Path, corpus_spec) -> None:  # type: ignore[no-untyped-def]
     from carls_dask.runtime.registry import RunRequest, get_paradigm
-    from storage import open_bank
+    from carls_dask.storage import open_bank
 
     main = get_paradigm("multimodal")
     opts = {"limit": str(LIMIT), "n_test": "8", "n_val": "4", "seed": "1", "n_negatives": "32",

@@ -8,19 +8,23 @@ import numpy as np
 import pytest
 import torch
 
-from paradigms.data.planetoid import find_data_dir, load_planetoid
-from paradigms.semi_supervised.core import NodeClassifierCore, SemiSupervisedConfig, expand_neighbour_rows
-from paradigms.semi_supervised.loops import PseudoLabelMaker
-from paradigms.semi_supervised.loss import graph_regularization, pseudo_label_loss
-from paradigms.semi_supervised.neighbours import build_neighbour_table
-from paradigms.semi_supervised.pseudo_labels import (
+from carls_dask.paradigms.data.planetoid import find_data_dir, load_planetoid
+from carls_dask.paradigms.semi_supervised.core import (
+    NodeClassifierCore,
+    SemiSupervisedConfig,
+    expand_neighbour_rows,
+)
+from carls_dask.paradigms.semi_supervised.loops import PseudoLabelMaker
+from carls_dask.paradigms.semi_supervised.loss import graph_regularization, pseudo_label_loss
+from carls_dask.paradigms.semi_supervised.neighbours import build_neighbour_table
+from carls_dask.paradigms.semi_supervised.pseudo_labels import (
     normalized_adjacency,
     propagate_labels,
     pseudo_label_quality,
     select_balanced_pseudo_labels,
     select_pseudo_labels,
 )
-from storage.errors import ConfigError, CorruptStoreError, InvalidShapeError, StoreNotFoundError
+from carls_dask.storage.errors import ConfigError, CorruptStoreError, InvalidShapeError, StoreNotFoundError
 
 
 def _data_dir() -> pathlib.Path:
@@ -65,7 +69,7 @@ def test_loader_errors_name_what_was_given(tmp_path: pathlib.Path, monkeypatch: 
     monkeypatch.setenv("CARLS_DATA_DIR", str(tmp_path / "nowhere"))
     import dask.config
 
-    import paradigms.data.planetoid as planetoid
+    import carls_dask.paradigms.data.planetoid as planetoid
 
     monkeypatch.setattr(planetoid, "_REPO_ROOT", tmp_path / "repo")
 
@@ -318,7 +322,7 @@ def test_neighbour_temperature_sharpens_the_bank_targets(cora) -> None:  # type:
 
 # -- in-process driver --------------------------------------------------------------------------------
 def test_inline_run_is_deterministic_and_labels_only_after_the_warm_up() -> None:
-    from paradigms.semi_supervised.inline import run_inline
+    from carls_dask.paradigms.semi_supervised.inline import run_inline
 
     torch.set_num_threads(1)
     cfg = SemiSupervisedConfig(mode="bank", pseudo_labels=True, pseudo_selection="balanced", pseudo_fraction=0.2,

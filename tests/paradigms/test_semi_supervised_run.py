@@ -8,10 +8,10 @@ import pathlib
 import numpy as np
 import pytest
 
-from paradigms.data.planetoid import find_data_dir
-from paradigms.semi_supervised.core import SemiSupervisedConfig
-from paradigms.semi_supervised.run import ALL_NODES, config_from_options, run_semi_supervised
-from storage.errors import ConfigError, StoreNotFoundError
+from carls_dask.paradigms.data.planetoid import find_data_dir
+from carls_dask.paradigms.semi_supervised.core import SemiSupervisedConfig
+from carls_dask.paradigms.semi_supervised.run import ALL_NODES, config_from_options, run_semi_supervised
+from carls_dask.storage.errors import ConfigError, StoreNotFoundError
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def data_dir() -> pathlib.Path:
 def test_bank_run_writes_knowledge_with_provenance_and_pseudo_label_quality(
     client: object, data_dir: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:
-    from storage import open_bank, open_metrics
+    from carls_dask.storage import open_bank, open_metrics
 
     cfg = SemiSupervisedConfig(mode="bank", pseudo_labels=True, k=3, steps=24, unlabelled_batch=64,
                                hidden=(32,), threshold=0.3, eval_every=8, seed=1)
@@ -115,7 +115,7 @@ def test_options_from_the_command_line() -> None:
 def test_cli_run_semi_supervised_writes_a_run_folder(data_dir: pathlib.Path, tmp_path: pathlib.Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     from carls_dask.cli import main
-    from storage import open_bank, open_metrics
+    from carls_dask.storage import open_bank, open_metrics
 
     run = tmp_path / "cli-run"
     status = main(["run", "semi-supervised", "--dataset", "cora", "--steps", "12", "--run-dir", str(run),
@@ -130,7 +130,7 @@ def test_cli_run_semi_supervised_writes_a_run_folder(data_dir: pathlib.Path, tmp
 def test_balanced_pseudo_labels_on_the_cluster_keep_each_class_quota(
     client: object, data_dir: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:
-    from storage import open_bank
+    from carls_dask.storage import open_bank
 
     cfg = SemiSupervisedConfig(mode="bank", pseudo_labels=True, pseudo_selection="balanced", pseudo_fraction=0.2,
                                pseudo_warmup=6, k=3, steps=24, unlabelled_batch=64, hidden=(16,), eval_every=8)

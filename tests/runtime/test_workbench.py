@@ -64,7 +64,7 @@ class EchoMaker(KnowledgeMaker):
 
 
 def test_digits_pair_converges_through_the_bank(client: Any, tmp_path: pathlib.Path) -> None:
-    from storage.metrics import open_metrics
+    from carls_dask.storage.metrics import open_metrics
 
     run = tmp_path / "run"
     with Workbench(client, run_dir=run, name="digits", progress=False) as wb:

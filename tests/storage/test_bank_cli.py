@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from carls_dask.cli import main
-from storage.snapshots import (
+from carls_dask.storage.snapshots import (
     begin_snapshot,
     commit_snapshot,
     list_snapshots,

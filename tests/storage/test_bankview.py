@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from storage import open_bank, read_bank
-from storage.deltalog import MAKERS_TABLE, DeltaLog
-from storage.errors import StoreNotFoundError, UnknownTableError
-from storage.snapshots import begin_snapshot, commit_snapshot, write_shard
+from carls_dask.storage import open_bank, read_bank
+from carls_dask.storage.deltalog import MAKERS_TABLE, DeltaLog
+from carls_dask.storage.errors import StoreNotFoundError, UnknownTableError
+from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
 from tests.storage.states import make_states, merged, table_rows
 
 

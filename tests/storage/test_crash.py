@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from storage.deltalog import DeltaLog, replay
-from storage.snapshots import list_snapshots, prune_snapshots, read_manifest, read_snapshot
+from carls_dask.storage.deltalog import DeltaLog, replay
+from carls_dask.storage.snapshots import list_snapshots, prune_snapshots, read_manifest, read_snapshot
 from tests.storage.states import assert_same, make_states, merged, sort_by_key, table_rows
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ _APPENDER = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from storage.deltalog import DeltaLog
+    from carls_dask.storage.deltalog import DeltaLog
     from tests.storage.states import table_rows
     log = DeltaLog(sys.argv[1], 0, segment_bytes=200_000)  # small segments: kills also land in rolls
     seq = log.seq
@@ -86,8 +86,8 @@ def test_repeated_kills_mid_append_lose_no_acknowledged_record(tmp_path: pathlib
 _SNAPSHOTTER = textwrap.dedent(
     """
     import os, sys, time
-    from storage import fsutil
-    from storage.snapshots import begin_snapshot, commit_snapshot, list_snapshots, prune_snapshots, write_shard
+    from carls_dask.storage import fsutil
+    from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, list_snapshots, prune_snapshots, write_shard
     from tests.storage.states import make_states
     root, pause = sys.argv[1], sys.argv[2] == "pause"
     real = os.replace
@@ -181,7 +181,7 @@ def test_repeated_random_kills_of_a_snapshot_writer(tmp_path: pathlib.Path) -> N
 _TRUNCATOR = textwrap.dedent(
     """
     import sys, time
-    import storage.deltalog as d
+    import carls_dask.storage.deltalog as d
     class Pause:
         def warning(self, *args):
             print("cutting", flush=True)  # DeltaLog logs the torn tail, then truncates it

@@ -12,15 +12,15 @@ import time
 import numpy as np
 import pytest
 
-from storage.deltalog import DeltaLog, replay, tail_seq
-from storage.errors import (
+from carls_dask.storage.deltalog import DeltaLog, replay, tail_seq
+from carls_dask.storage.errors import (
     CorruptStoreError,
     InvalidBatchError,
     InvalidShapeError,
     LifecycleError,
     StoreLockedError,
 )
-from storage.snapshots import begin_snapshot, commit_snapshot, prune_snapshots, write_shard
+from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, prune_snapshots, write_shard
 from tests.storage.states import make_states, table_rows
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -57,7 +57,7 @@ def test_one_writer_per_shard(tmp_path: pathlib.Path) -> None:
     with pytest.raises(StoreLockedError, match="delta log of shard 2"):
         DeltaLog(tmp_path, 2)
     other = subprocess.run(
-        [sys.executable, "-c", f"from storage.deltalog import DeltaLog; DeltaLog({str(tmp_path)!r}, 2)"],
+        [sys.executable, "-c", f"from carls_dask.storage.deltalog import DeltaLog; DeltaLog({str(tmp_path)!r}, 2)"],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )
     assert other.returncode != 0 and "StoreLockedError" in other.stderr
@@ -125,7 +125,7 @@ _APPEND_LOOP = textwrap.dedent(
     """
     import sys
     import numpy as np
-    from storage.deltalog import DeltaLog
+    from carls_dask.storage.deltalog import DeltaLog
     from tests.storage.states import table_rows
     log = DeltaLog(sys.argv[1], 0, segment_bytes=1 << 20)
     seq = log.seq
@@ -139,7 +139,7 @@ _APPEND_LOOP = textwrap.dedent(
 
 
 def test_killed_mid_append_keeps_acknowledged_records_and_snapshot(tmp_path: pathlib.Path) -> None:
-    from storage.snapshots import read_snapshot
+    from carls_dask.storage.snapshots import read_snapshot
     from tests.storage.states import assert_same, merged, sort_by_key
 
     states = make_states(500, n_shards=1, buckets=64)

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from storage.errors import (
+from carls_dask.storage.errors import (
     IncompatibleStoreError,
     InvalidBatchError,
     InvalidShapeError,
@@ -19,7 +19,7 @@ from storage.errors import (
     StoreLockedError,
     StoreNotFoundError,
 )
-from storage.metrics import MetricWriter, open_metrics
+from carls_dask.storage.metrics import MetricWriter, open_metrics
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -92,7 +92,7 @@ def test_bad_input_is_refused(tmp_path: pathlib.Path) -> None:
 _WRITER = textwrap.dedent(
     """
     import sys, time
-    from storage.metrics import MetricWriter
+    from carls_dask.storage.metrics import MetricWriter
     with MetricWriter(sys.argv[1], run="live", flush_rows=7, chunk_steps=16) as w:
         for s in range(400):
             w.append(s, a=float(s), b=2.0 * s, **({"late": -float(s)} if s >= 150 else {}))

@@ -14,8 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from storage.bankview import open_bank
-from storage.errors import (
+from carls_dask.storage.bankview import open_bank
+from carls_dask.storage.errors import (
     CorruptStoreError,
     IncompatibleStoreError,
     InvalidBatchError,
@@ -24,7 +24,7 @@ from storage.errors import (
     StoreLockedError,
     StoreNotFoundError,
 )
-from storage.snapshots import (
+from carls_dask.storage.snapshots import (
     begin_snapshot,
     commit_snapshot,
     list_snapshots,
@@ -193,7 +193,7 @@ def test_missing_incompatible_and_corrupt_stores(tmp_path: pathlib.Path) -> None
 _SNAPSHOT_LOOP = textwrap.dedent(
     """
     import sys
-    from storage.snapshots import begin_snapshot, commit_snapshot, write_shard
+    from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
     from tests.storage.states import make_states
     root, first = sys.argv[1], int(sys.argv[2])
     v = first

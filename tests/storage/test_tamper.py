@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from storage.bankview import open_bank
-from storage.deltalog import DeltaLog, replay
-from storage.errors import CorruptStoreError, IncompatibleStoreError
-from storage.snapshots import read_manifest, read_snapshot
+from carls_dask.storage.bankview import open_bank
+from carls_dask.storage.deltalog import DeltaLog, replay
+from carls_dask.storage.errors import CorruptStoreError, IncompatibleStoreError
+from carls_dask.storage.snapshots import read_manifest, read_snapshot
 from tests.storage.states import assert_same, make_states, merged, sort_by_key, table_rows
 from tests.storage.test_snapshots import snapshot
 
@@ -159,7 +159,7 @@ def _reframe(path: pathlib.Path, header: bytes, payload: bytes) -> None:
 
 @pytest.mark.parametrize("bad", ["object dtype", "pickled header", "header list", "byte count"])
 def test_tampered_delta_record_is_refused(pristine: pathlib.Path, tmp_path: pathlib.Path, bad: str) -> None:
-    from storage.deltalog import _FRAME
+    from carls_dask.storage.deltalog import _FRAME
 
     assert _FRAME.size == struct.calcsize("<4sIQI")
     root = tmp_path / "bank"
