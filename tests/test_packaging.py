@@ -1,0 +1,126 @@
+"""The package as users install it: one import root, a light ``import carls_dask``, a wheel that works.
+
+The wheel test builds a wheel of this checkout, installs it (not editable) into a fresh virtual
+environment whose dependencies come from the test environment's site-packages (added as a plain path,
+so that environment's editable install of carls-dask is not seen), and runs a bank lookup, a snapshot
+reopened with ``open_bank`` and ``carls-dask --help`` there, from a folder outside the checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import venv
+import zipfile
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SUBPACKAGES = ("storage", "paradigms", "dashboards")
+
+
+def _run(cmd: list[str], cwd: pathlib.Path, timeout: float = 300, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_import_carls_dask_is_light() -> None:
+    code = (
+        "import sys, carls_dask\n"
+        "heavy = [m for m in ('torch', 'distributed', 'zarr', 'xarray', 'panel', 'carls_dask.bank') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "assert carls_dask.KnowledgeBank.__module__ == 'carls_dask.bank.client'\n"
+        "assert 'distributed' in sys.modules\n"
+    )
+    _run([sys.executable, "-c", code], cwd=ROOT)
+
+
+def test_notebook_names_import_from_the_package_root() -> None:
+    import carls_dask
+    from carls_dask.bank import Column, KnowledgeBank, TableSpec
+    from carls_dask.dashboards.dashboard import Dashboard
+    from carls_dask.runtime import KnowledgeMaker, Trainer, Workbench
+    from carls_dask.storage import open_bank, open_metrics
+
+    for obj in (Column, KnowledgeBank, TableSpec, Dashboard, KnowledgeMaker, Trainer, Workbench, open_bank,
+                open_metrics):
+        assert getattr(carls_dask, obj.__name__) is obj
+    with pytest.raises(AttributeError, match="has no attribute 'Nonesuch'"):
+        carls_dask.Nonesuch  # noqa: B018
+
+
+def test_no_module_imports_the_old_top_level_names() -> None:
+    pattern = r"^\s*(from|import) (storage|paradigms|dashboards)\b"
+    proc = subprocess.run(
+        ["git", "grep", "-nE", pattern, "--", "*.py", "*.ipynb", "*.md"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.stdout == "", f"imports of the old top-level packages:\n{proc.stdout}"
+
+
+@pytest.mark.slow
+def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: pathlib.Path) -> None:
+    dist = tmp_path / "dist"
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT)],
+         cwd=tmp_path)
+    wheels = sorted(dist.glob("carls_dask-*.whl"))
+    assert len(wheels) == 1, wheels
+    with zipfile.ZipFile(wheels[0]) as zf:
+        names = zf.namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert tops == {"carls_dask"}, f"the wheel installs top-level names {sorted(tops)}; expected only carls_dask"
+    for sub in SUBPACKAGES:
+        assert f"carls_dask/{sub}/__init__.py" in names
+        assert f"carls_dask/{sub}/py.typed" in names
+    assert "carls_dask/carls.yaml" in names
+
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    purelib = pathlib.Path(_run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                cwd=tmp_path).strip())
+    # the test environment's packages as a plain path entry: its own .pth files (the editable install) do not run
+    (purelib / "test-env-deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", "-q",
+          str(wheels[0])], cwd=tmp_path)
+
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    help_text = _run([str(env_dir / "bin" / "carls-dask"), "--help"], cwd=work, env=env)
+    assert "run" in help_text and "bank" in help_text
+    script = textwrap.dedent(
+        """
+        import importlib.util, pathlib
+        import numpy as np
+        from distributed import Client, LocalCluster
+        import carls_dask
+        from carls_dask import Column, KnowledgeBank, TableSpec, open_bank
+
+        where = pathlib.Path(carls_dask.__file__).parent
+        assert "site-packages" in str(where), where
+        for name in ("storage", "paradigms", "dashboards"):
+            assert importlib.util.find_spec(name) is None, name
+        with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \\
+                Client(cluster) as client:
+            spec = TableSpec("items", columns=(Column("embedding", shape=(4,)),), optimizer="sgd")
+            bank = KnowledgeBank.create(client, [spec], n_shards=2, log_root="store")
+            keys = np.arange(10, dtype=np.int64)
+            r = bank.lookup("items", keys, insert=True)
+            assert r.found.all() and r.values["embedding"].shape == (10, 4)
+            bank.update("items", keys[:3], {"embedding": np.ones((3, 4), dtype=np.float32)}, model_step=7)
+            bank.snapshot("store", step=7)
+            bank.close()
+        ds = open_bank("store", table="items").load()
+        assert ds.sizes["key"] == 10, ds
+        ones = ds["embedding"].sel(key=[0, 1, 2]).values
+        assert np.array_equal(ones, np.ones((3, 4), dtype=np.float32)), ones
+        print("ok", str(where))
+        """
+    )
+    out = _run([str(py), "-c", script], cwd=work, env=env)
+    assert out.startswith("ok ") and str(env_dir) in out, out
