@@ -161,7 +161,7 @@ class Workbench:
         self._home_worker: str | None = None
         self._placement = str(config.get("bank.placement"))
         self._events: collections.deque[Any] = collections.deque()
-        self._cluster_events: collections.deque[Any] = collections.deque()
+        self._loss_reports: collections.deque[Any] = collections.deque()
         self.maker_restarts = int(config.get("runtime.maker-restarts"))
         self.book = ProgressBook()
         self._sink: ProgressSink | None = None
@@ -206,7 +206,7 @@ class Workbench:
 
     def _watch_worker_loss(self) -> None:
         """Register the Workbench's :class:`WorkerLossWatch` and subscribe to its topic."""
-        self.client.subscribe_topic(self.loss_topic, self._cluster_events.append)
+        self.client.subscribe_topic(self.loss_topic, self._loss_reports.append)
         try:
             self.client.register_plugin(WorkerLossWatch(self.prefix, self.loss_topic), name=watch_name(self.prefix))
         except Exception as exc:
@@ -382,8 +382,8 @@ class Workbench:
         (``KilledWorker``), which bounds the restarts too. The reports come from the Workbench's
         :class:`~carls_dask.runtime.events.WorkerLossWatch` on its own topic.
         """
-        while self._cluster_events:
-            _, msg = self._cluster_events.popleft()
+        while self._loss_reports:
+            _, msg = self._loss_reports.popleft()
             report = LostLoops.from_msg(msg)
             if report is None or report.workbench != self.prefix:
                 continue
