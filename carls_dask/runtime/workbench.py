@@ -14,6 +14,12 @@ Lifecycle: ``created -> running`` (:meth:`start`, or entering the ``with`` block
 future with the original traceback; the Workbench then moves to ``failed``, stops every other
 loop, and the next :meth:`wait`, :meth:`stop`, :meth:`results` or the end of the ``with`` block
 raises :class:`~carls_dask.errors.LoopFailedError` whose ``__cause__`` is the loop's exception.
+
+Worker loss: the Workbench registers a scheduler plugin of its own
+(:class:`~carls_dask.runtime.events.WorkerLossWatch`, public ``SchedulerPlugin`` hooks) that reports
+on the Workbench's own event topic which of its loop tasks were on a removed worker; the client
+subscribes to that topic only, and the plugin is unregistered at close. See
+:mod:`carls_dask.runtime.events` for the distributed APIs this relies on.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from carls_dask import config
 from carls_dask.runtime.channel import ModelChannel, unique_prefix
 from carls_dask.runtime.clusters import gpu_workers, make_security, start_cluster
 from carls_dask.runtime.context import LoopResult
+from carls_dask.runtime.events import LostLoops, WorkerLossWatch, loss_topic, watch_name
 from carls_dask.runtime.lifecycle import Lifecycle, State
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.progress import ProgressBook, ProgressSink
@@ -142,17 +149,19 @@ class Workbench:
         self.prefix = unique_prefix()
         self.stop_event_name = f"{self.prefix}-stop"
         self.topic = f"{self.prefix}-progress"
+        self.loss_topic = loss_topic(self.prefix)
         self.cluster: Any = None
         self.client: Any = None
         self.bank: Any = None
         self._own_cluster = False
         self._own_client = False
+        self._watching = False
         self._loops: dict[str, LoopHandle] = {}
         self._channels: dict[str, ModelChannel] = {}
         self._home_worker: str | None = None
         self._placement = str(config.get("bank.placement"))
         self._events: collections.deque[Any] = collections.deque()
-        self._cluster_events: collections.deque[Any] = collections.deque()
+        self._loss_reports: collections.deque[Any] = collections.deque()
         self.maker_restarts = int(config.get("runtime.maker-restarts"))
         self.book = ProgressBook()
         self._sink: ProgressSink | None = None
@@ -178,7 +187,7 @@ class Workbench:
             self._connect(Client)
             self._stop_event = Event(self.stop_event_name, client=self.client)
             self.client.subscribe_topic(self.topic, self._events.append)
-            self.client.subscribe_topic("all", self._cluster_events.append)  # the scheduler's worker removals
+            self._watch_worker_loss()
             metrics = None
             if self.run_dir is not None:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -194,6 +203,17 @@ class Workbench:
         self._life.to(State.RUNNING)
         logger.info("Workbench %s running on %s", self.name, self.client.scheduler.address)
         return self
+
+    def _watch_worker_loss(self) -> None:
+        """Register the Workbench's :class:`WorkerLossWatch` and subscribe to its topic."""
+        self.client.subscribe_topic(self.loss_topic, self._loss_reports.append)
+        try:
+            self.client.register_plugin(WorkerLossWatch(self.prefix, self.loss_topic), name=watch_name(self.prefix))
+        except Exception as exc:
+            raise LifecycleError(f"Workbench {self.name!r}: could not register its worker-loss watch on the "
+                                 f"scheduler at {self.client.scheduler.address} ({type(exc).__name__}: {exc}); "
+                                 "carls_dask must be importable where the scheduler runs") from exc
+        self._watching = True
 
     def _connect(self, client_cls: Any) -> None:
         arg = self._cluster_arg
@@ -351,7 +371,7 @@ class Workbench:
                 self.book.update(msg)
 
     def _check_lost_workers(self) -> None:
-        """React to workers that died while running a loop (the scheduler's ``remove-worker`` events).
+        """React to workers that were removed while running a loop (reports of the Workbench's watch).
 
         Dask runs a task whose worker died again on a live worker. For a maker that is the restart:
         it is counted, logged and reported as the loop's ``restarts`` metric, and after
@@ -359,15 +379,15 @@ class Workbench:
         scratch: its model and optimizer state died with the worker, so the run fails clearly
         (continue it from a checkpoint with ``Trainer(resume_from=...)``). Dask itself fails a task
         whose workers died more than ``distributed.scheduler.allowed-failures`` times
-        (``KilledWorker``), which bounds the restarts too. The events come from the scheduler's
-        ``"all"`` topic, to which the Workbench subscribes its client.
+        (``KilledWorker``), which bounds the restarts too. The reports come from the Workbench's
+        :class:`~carls_dask.runtime.events.WorkerLossWatch` on its own topic.
         """
-        while self._cluster_events:
-            _, msg = self._cluster_events.popleft()
-            if not isinstance(msg, dict) or msg.get("action") != "remove-worker":
+        while self._loss_reports:
+            _, msg = self._loss_reports.popleft()
+            report = LostLoops.from_msg(msg)
+            if report is None or report.workbench != self.prefix:
                 continue
-            lost = {str(k) for k in msg.get("processing-tasks", ()) or ()}
-            worker = msg.get("worker", "?")
+            lost, worker = set(report.keys), report.worker
             for handle in self._loops.values():
                 if handle.future is None or str(handle.future.key) not in lost:
                     continue
@@ -577,6 +597,19 @@ class Workbench:
             finally:
                 self._life.to(State.CLOSED)
 
+    def _unwatch_worker_loss(self) -> None:
+        """Unsubscribe from the watch's topic and unregister the watch (best effort: the cluster may be gone)."""
+        try:
+            self.client.unsubscribe_topic(self.loss_topic)
+        except Exception:
+            logger.debug("unsubscribe failed", exc_info=True)
+        if self._watching:
+            self._watching = False
+            try:
+                self.client.unregister_scheduler_plugin(watch_name(self.prefix))
+            except Exception:
+                logger.warning("Workbench %s: could not unregister its worker-loss watch", self.name, exc_info=True)
+
     def _write_run_record(self) -> None:
         if self.run_dir is None:
             return
@@ -620,9 +653,9 @@ class Workbench:
                 channel.delete()
             try:
                 self.client.unsubscribe_topic(self.topic)
-                self.client.unsubscribe_topic("all")
             except Exception:
                 logger.debug("unsubscribe failed", exc_info=True)
+            self._unwatch_worker_loss()
         for h in self._loops.values():
             h.future = _Released(h.future)
         if self._own_client and self.client is not None:

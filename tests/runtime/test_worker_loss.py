@@ -3,7 +3,8 @@
 The maker and bank shard 0 share a worker, which is killed: the scheduler runs the maker again
 (the Workbench counts the restart), the bank re-homes the shard, and the trainer carries on. Each
 loop appends every acknowledged bank write to a file, which survives the kill; after the run every
-one of them is read back with its acknowledged value.
+one of them is read back with its acknowledged value. The Workbench learns of the loss through a
+scheduler plugin of its own, so a user's handlers on the same client's topics keep working.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 from carls_dask.bank import Column, TableSpec
 from carls_dask.errors import LoopFailedError
 from carls_dask.runtime import KnowledgeMaker, Trainer, Workbench
+from carls_dask.runtime.events import watch_name
 
 REHOME_TIMEOUT = 60.0
 
@@ -83,6 +85,28 @@ class WritingMaker(KnowledgeMaker):
         return {"made_step": float(self.step)}
 
 
+class TickingTrainer(Trainer):
+    """Runs until stopped, publishing its step; no model, no bank."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, max_steps=None, publish_every=5, keep_state=False)
+
+    def step(self, step: int) -> Mapping[str, float]:
+        time.sleep(0.02)
+        return {"ticks": float(step + 1)}
+
+    def publish_state(self) -> Mapping[str, Any]:
+        return {"step": self.start_step}
+
+
+class EchoMaker(KnowledgeMaker):
+    def load_model(self, state: Mapping[str, Any], version: Any) -> None:
+        pass
+
+    def make(self, version: Any) -> Mapping[str, float]:
+        return {"step": float(version.step)}
+
+
 @pytest.fixture
 def cluster() -> Iterator[Any]:
     from distributed import LocalCluster
@@ -94,6 +118,10 @@ def cluster() -> Iterator[Any]:
 
 def _pid(wb: Workbench, address: str) -> int:
     return int(wb.client.run(os.getpid, workers=[address])[address])
+
+
+def _plugins(dask_scheduler: Any) -> list[str]:
+    return sorted(dask_scheduler.plugins)
 
 
 def _wait_for(cond: Any, what: str, timeout: float) -> None:
@@ -150,3 +178,31 @@ def test_trainer_worker_killed_fails_the_run_clearly(cluster: Any, tmp_path: pat
             wb.wait(timeout=60)
         assert "resume_from" in str(info.value.__cause__)
         assert wb.status()["trainer"].state == "failed"
+
+
+def test_user_handler_on_all_topic_survives_a_workbench(cluster: Any) -> None:
+    from distributed import Client
+
+    seen: list[Any] = []
+    conf = {"carls.runtime.poll-interval": "0.1s", "carls.runtime.report-interval": "0.2s",
+            "carls.runtime.maker-restarts": 2}
+    with Client(cluster) as client:
+        client.subscribe_topic("all", seen.append)
+        with dask.config.set(conf), Workbench(client, progress=False, stop_timeout=60) as wb:
+            a, b = sorted(client.scheduler_info()["workers"])
+            wb.submit_trainer(TickingTrainer("trainer"), workers=[b])
+            maker = wb.submit_maker(EchoMaker("maker"), workers=[a])
+            _wait_for(lambda: maker.future.key in client.processing().get(a, ()), "the maker on its worker", 60)
+            _wait_for(lambda: wb.status()["maker"].progress.get("step", 0) > 0, "a first maker round", 60)
+            os.kill(_pid(wb, a), signal.SIGKILL)
+            _wait_for(lambda: wb.status()["maker"].restarts == 1, "the maker restart", 60)
+            # the scheduler's own event of the removal reached the user's handler during the run
+            _wait_for(lambda: any(isinstance(m, dict) and m.get("worker") == a for _, m in seen),
+                      "the removal on the user's 'all' handler", 30)
+            assert watch_name(wb.prefix) in client.run_on_scheduler(_plugins)
+            wb.stop(timeout=60)
+        assert wb.status()["maker"].restarts == 1 and wb.status()["trainer"].restarts == 0
+        assert watch_name(wb.prefix) not in client.run_on_scheduler(_plugins)  # the watch was unregistered
+        client.log_event("all", {"after": "the workbench"})
+        _wait_for(lambda: any(m == {"after": "the workbench"} for _, m in seen),
+                  "the user's event after the Workbench closed", 30)
