@@ -9,7 +9,13 @@ import numpy as np
 
 from carls_dask.storage import open_bank
 from carls_dask.storage.deltalog import DeltaLog, replay
-from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, read_manifest, read_snapshot, write_shard
+from carls_dask.storage.snapshots import (
+    begin_snapshot,
+    commit_snapshot,
+    read_manifest,
+    read_snapshot,
+    write_shard,
+)
 from tests.storage.states import assert_same, make_states, merged, sort_by_key
 
 
