@@ -574,6 +574,9 @@ class ShardCore:
         """Apply the table's optimizer to the rows of ``keys`` (duplicate keys' gradients are summed).
 
         Keys that are not in the table are skipped, as in CARLS; the returned mask says which were applied.
+        Gradients are cast to the column's compute dtype (see :func:`~carls_dask.bank.optimizers.compute_dtype`)
+        and the update runs in it. Each updated row's slots, Adam's per-row ``step`` among them, move one
+        step, whatever other rows did: the row alone decides its next update.
 
         Returns
         -------
