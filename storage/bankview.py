@@ -268,7 +268,9 @@ def _build(
             d: tuple[str, ...] = ("key", *dims[name[4:]])
         elif name.startswith("slot/"):
             col = name.split("/")[1]
-            d = ("key", *dims.get(col, tuple(f"{var}_dim{i}" for i in range(len(arrays[name]["shape"])))))
+            ndim = len(arrays[name]["shape"])  # a per-row slot (Adam's step) has none of the column's dims
+            own = dims.get(col, ())
+            d = ("key", *(own if len(own) == ndim else tuple(f"{var}_dim{i}" for i in range(ndim))))
         else:
             d = ("key",)
         if var in variables:

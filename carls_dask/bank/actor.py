@@ -360,11 +360,6 @@ class BankShard:
         rows = 0
         for table, arrays in data.items():
             rows += self.core.import_rows(table, arrays, makers=man["makers"])
-        opt = man.get("meta", {}).get("optimizer", {})
-        for table, cols in opt.items():
-            if table in self.core.tables:
-                for c, info in cols.items():
-                    self.core.table(table).opt_step[c] = int(info["step"])
         applied = self._replay(root, man["version"], man) if replay_log else 0
         if self._log is not None:
             # the restored state is the new baseline: record the makers this shard now knows

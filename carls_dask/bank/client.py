@@ -21,6 +21,7 @@ from carls_dask import config
 from carls_dask.bank.actor import BankShard
 from carls_dask.bank.core import LookupResult, gather_rows
 from carls_dask.bank.hashing import bucket_of, to_int64_keys
+from carls_dask.bank.optimizers import compute_dtype
 from carls_dask.bank.rehoming import (
     adopt_or_rehome,
     forget_table,
@@ -542,7 +543,7 @@ class KnowledgeBank:
                 raise InvalidDTypeError(
                     f"table {table!r}, column {c!r}: gradients need a float column, but it is {col.dtype}"
                 )
-            checked[c] = coerce_column_values(table, col, v, k.shape[0], what="gradients", dtype=np.dtype(np.float32))
+            checked[c] = coerce_column_values(table, col, v, k.shape[0], what="gradients", dtype=compute_dtype(col.np_dtype))
         if learning_rate is not None and not (float(learning_rate) > 0 and np.isfinite(float(learning_rate))):
             raise InvalidBatchError(f"table {table!r}: learning_rate must be a finite number > 0, got {learning_rate!r}")
         routes = self._route(k)
@@ -667,12 +668,24 @@ class KnowledgeBank:
         self._call([(s, "set_step", (int(step),), {}) for s in range(self.n_shards)])
 
     # -- persistence --------------------------------------------------------------------------------
+    def export_state(self) -> list[dict[str, Any]]:
+        """Every shard's whole state, as :meth:`ShardCore.export_state <carls_dask.bank.core.ShardCore.export_state>`
+        returns it, in shard order.
+
+        Each entry holds ``meta`` (its ``makers`` list names the codes of its ``prov/maker`` arrays) and
+        ``tables``: per table, row-aligned copies of ``keys``, ``bucket``, ``frequency``, ``prov/*``,
+        ``col/*`` and ``slot/<column>/<slot>``. Rows come in each shard's storage order. Everything
+        is copied to the client, so this is meant for tests, checks and small banks.
+        """
+        return list(self._call([(s, "export_state", (), {}) for s in range(self.n_shards)]))
+
     def snapshot(self, root: str, step: int, *, timeout: float | None = None, **snapshot_kwargs: Any) -> int:
         """Write a committed snapshot of every shard under ``root``; returns its version.
 
         Each shard writes its own arrays (concurrently); the snapshot is committed only when all
         have written, so a failure leaves the previous snapshot the newest valid one. ``timeout``
-        bounds each shard's write (default: ten times the call timeout).
+        bounds each shard's write (default: ten times the call timeout). All optimizer state is kept
+        per row (the slots, Adam's per-row ``step`` among them), so the rows are the whole state.
         """
         from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot
 
@@ -683,14 +696,8 @@ class KnowledgeBank:
         }
         handle = begin_snapshot(root, int(step), **kwargs)
         self._call([(s, "set_step", (int(step),), {}) for s in range(self.n_shards)])
-        infos = self._call([(s, "snapshot", (handle,), {}) for s in range(self.n_shards)],
-                           timeout=10 * self.timeout if timeout is None else timeout)
-        optimizer: dict[str, dict[str, dict[str, int]]] = {}
-        for info in infos:
-            for t, cols in info["meta"].get("optimizer", {}).items():
-                for c, st in cols.items():
-                    cur = optimizer.setdefault(t, {}).setdefault(c, {"step": 0})
-                    cur["step"] = max(cur["step"], int(st["step"]))
+        self._call([(s, "snapshot", (handle,), {}) for s in range(self.n_shards)],
+                   timeout=10 * self.timeout if timeout is None else timeout)
         entry = commit_snapshot(
             handle,
             {
@@ -698,7 +705,6 @@ class KnowledgeBank:
                 "n_shards": self.n_shards,
                 "buckets": self.buckets,
                 "tables": {t: s.to_json() for t, s in self._specs.items()},
-                "optimizer": optimizer,
             },
         )
         return int(entry["version"])

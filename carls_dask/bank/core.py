@@ -24,7 +24,7 @@ from carls_dask.bank.hashing import (
     uniform_from_keys,
 )
 from carls_dask.bank.keyindex import KeyIndex
-from carls_dask.bank.optimizers import apply_optimizer, initial_slots
+from carls_dask.bank.optimizers import STEP_SLOT, apply_optimizer, compute_dtype, initial_slots
 from carls_dask.bank.sampling import NegativeSample, order_by_frequency, sample_candidates
 from carls_dask.bank.schema import (
     Column,
@@ -154,7 +154,6 @@ class TableState:
         self.meta = np.zeros((self.cap, 5), dtype=np.int64)
         self.cols = {c.name: np.zeros((self.cap, *c.shape), dtype=c.np_dtype) for c in spec.columns}
         self.slots: dict[str, dict[str, np.ndarray]] = {}
-        self.opt_step: dict[str, int] = {}
         self.index = KeyIndex(self.cap)
         self.seeds = {c.name: mix_seed(spec.name, c.name, spec.seed) for c in spec.columns}
         if spec.optimizer is not None:
@@ -258,9 +257,8 @@ class TableState:
         if column not in self.slots:
             col = self.spec.column(column)
             self.slots[column] = initial_slots(
-                self.spec.optimizer, (self.cap, *col.shape), self.spec.adagrad_initial_accumulator
+                self.spec.optimizer, self.cap, col.shape, col.np_dtype, self.spec.adagrad_initial_accumulator
             )
-            self.opt_step.setdefault(column, 0)
         return self.slots[column]
 
 
@@ -400,7 +398,8 @@ class ShardCore:
             if all(f"slot/{cname}/{sname}" in skip for sname in slots):
                 continue
             col = t.spec.column(cname)
-            for sname, arr in initial_slots(t.spec.optimizer, (m, *col.shape), t.spec.adagrad_initial_accumulator).items():
+            fresh = initial_slots(t.spec.optimizer, m, col.shape, col.np_dtype, t.spec.adagrad_initial_accumulator)
+            for sname, arr in fresh.items():
                 if f"slot/{cname}/{sname}" not in skip:
                     slots[sname][rows] = arr
         t.n += m
@@ -575,6 +574,9 @@ class ShardCore:
         """Apply the table's optimizer to the rows of ``keys`` (duplicate keys' gradients are summed).
 
         Keys that are not in the table are skipped, as in CARLS; the returned mask says which were applied.
+        Gradients are cast to the column's compute dtype (see :func:`~carls_dask.bank.optimizers.compute_dtype`)
+        and the update runs in it. Each updated row's slots, Adam's per-row ``step`` among them, move one
+        step, whatever other rows did: the row alone decides its next update.
 
         Returns
         -------
@@ -601,7 +603,7 @@ class ShardCore:
                 raise InvalidDTypeError(
                     f"table {table!r}, column {name!r}: gradients need a float column, but it is {col.dtype}"
                 )
-            checked[name] = coerce_column_values(table, col, g, n, what="gradients", dtype=np.dtype(np.float32))
+            checked[name] = coerce_column_values(table, col, g, n, what="gradients", dtype=compute_dtype(col.np_dtype))
         rows = t.index.find(k, t.keys, h)
         found = rows >= 0
         if not found.any():
@@ -632,14 +634,14 @@ class ShardCore:
                 cur = {s: np.take(a, urows, axis=0) for s, a in t.slots[name].items()}
             else:
                 col = spec.column(name)
-                cur = initial_slots(spec.optimizer, (urows.shape[0], *col.shape), spec.adagrad_initial_accumulator)
+                cur = initial_slots(spec.optimizer, urows.shape[0], col.shape, col.np_dtype,
+                                    spec.adagrad_initial_accumulator)
             new_w, new_slots = apply_optimizer(
                 str(spec.optimizer),
                 np.take(t.cols[name], urows, axis=0),
                 summed,
                 cur,
                 learning_rate=float(lr),
-                step=t.opt_step.get(name, 0) + 1,
                 betas=spec.adam_betas,
                 epsilon=spec.adam_epsilon,
             )
@@ -651,7 +653,6 @@ class ShardCore:
             results.append((name, new_w, new_slots))
         for name, new_w, new_slots in results:
             slots = t.ensure_slots(name)
-            t.opt_step[name] = t.opt_step.get(name, 0) + 1
             t.cols[name][urows] = new_w
             for s, a in new_slots.items():
                 slots[s][urows] = a
@@ -754,7 +755,8 @@ class ShardCore:
                 "bytes_used": t.used_bytes(),
                 "payload_bytes_per_row": t.spec.payload_bytes(),
                 "index_bytes": t.index.nbytes,
-                "optimizer_steps": dict(t.opt_step),
+                "optimizer_steps": {c: int(s[STEP_SLOT][: t.n].max(initial=0)) for c, s in t.slots.items()
+                                    if STEP_SLOT in s},
             }
         return out
 
@@ -769,7 +771,6 @@ class ShardCore:
             "tables": {name: t.spec.to_json() for name, t in self.tables.items()},
             "makers": list(self.makers),
             "version": self.version,
-            "optimizer": {name: {c: {"step": s} for c, s in t.opt_step.items()} for name, t in self.tables.items()},
         }
         tables = {name: {a: arr[: t.n].copy() for a, arr in t.arrays()} for name, t in self.tables.items()}
         return {"meta": meta, "tables": tables}
@@ -798,9 +799,6 @@ class ShardCore:
         )
         for name, arrays in state["tables"].items():
             core.import_rows(name, arrays, makers=meta["makers"])
-        for name, cols in meta.get("optimizer", {}).items():
-            for c, info in cols.items():
-                core.table(name).opt_step[c] = int(info["step"])
         core.version = int(meta["version"])
         return core
 

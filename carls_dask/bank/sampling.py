@@ -61,6 +61,17 @@ def candidate_probabilities(sampler: str, n_candidates: int, ranks: np.ndarray) 
     raise ValueError(f"unknown sampler {sampler!r}; expected one of {SAMPLERS}")
 
 
+def _unique_expected(num_tries: int, p: np.ndarray) -> np.ndarray:
+    """``1 - (1 - p) ** num_tries`` (TensorFlow's expected count of unique sampling), as ``-expm1(num_tries * log1p(-p))``.
+
+    A candidate drawn with certainty (``p == 1``: a table of one key) counts 1, without taking ``log(0)``.
+    """
+    p = np.asarray(p, dtype=np.float64)
+    out = np.ones(p.shape, dtype=np.float64)
+    np.negative(np.expm1(num_tries * np.log1p(-p, where=p < 1, out=np.zeros_like(p))), out=out, where=p < 1)
+    return out
+
+
 def _draw(sampler: str, n_candidates: int, size: int, rng: np.random.Generator) -> np.ndarray:
     if sampler == "uniform":
         return rng.integers(0, n_candidates, size=size)
@@ -122,7 +133,7 @@ def sample_candidates(
         ranks = np.concatenate(chosen)
         num_tries = tries
         p = candidate_probabilities(sampler, r, ranks)
-        expected = -np.expm1(num_tries * np.log1p(-p))
+        expected = _unique_expected(num_tries, p)
     else:
         ranks = _draw(sampler, r, n, rng)
         num_tries = n
@@ -136,7 +147,7 @@ def sample_candidates(
         rank_of = sorter[pos]
         present = ordered_keys[rank_of] == tk
         pt = np.where(present, candidate_probabilities(sampler, r, rank_of), 0.0)
-        true_expected = -np.expm1(num_tries * np.log1p(-pt)) if unique else n * pt
+        true_expected = _unique_expected(num_tries, pt) if unique else n * pt
     return NegativeSample(
         keys=ordered_keys[ranks].astype(np.int64),
         expected_count=np.asarray(expected, dtype=np.float64),

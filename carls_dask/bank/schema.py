@@ -247,7 +247,7 @@ class TableSpec:
 
     def slot_names(self) -> tuple[str, ...]:
         """Names of the optimizer slots each float column keeps."""
-        return {"adagrad": ("accumulator",), "adam": ("m", "v")}.get(str(self.optimizer), ())
+        return {"adagrad": ("accumulator",), "adam": ("m", "v", "step")}.get(str(self.optimizer), ())
 
     def payload_bytes(self) -> int:
         """Bytes of one row's column values."""
