@@ -8,10 +8,13 @@ at least 0.5x the speed of raw ``tofile``/``fromfile`` of the same bytes). Measu
 =====================================  ======================  ============================
 path                                   snapshot / raw write    restore / raw read
 =====================================  ======================  ============================
-this module (hand-written chunks)      0.75x                   0.60x (0.55x onto 3 shards)
-zarr ``z[...] = a`` / whole-array get  0.60x - 0.84x           0.51x - 0.54x
-zarr per-chunk slices in 4 threads     0.67x - 1.02x           0.30x
+this module (hand-written chunks)      0.62x - 0.75x           0.60x - 0.97x
+zarr ``z[...] = a``, whole-array get   0.60x - 0.84x           0.51x - 0.54x
+zarr slices of one chunk, 4 threads    0.67x - 1.02x           0.30x - 0.36x
 =====================================  ======================  ============================
+
+(Ranges over separate runs on the shared machine. The zarr rows are a stand-alone trial of the same arrays
+without the bucket sort and bucket gathers a snapshot and a restore add, so they are upper bounds.)
 
 The public path ran its CRC32C and copies on Zarr's one event-loop thread, allocated a fresh buffer per
 chunk and wrote each chunk through a temporary file and a rename; the reads sat at the target's edge
