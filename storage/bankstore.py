@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from carls_dask.storage.deltalog import DeltaRecord, prune_segments, replay
-from carls_dask.storage.errors import CorruptStoreError, StoreNotFoundError
+from carls_dask.storage.errors import CorruptStoreError, LifecycleError, StoreNotFoundError
 from carls_dask.storage.manifest import delta_seqs, entry_at_step, read_manifest
 from carls_dask.storage.snapshots import prune_versions, read_snapshot
 
@@ -180,10 +180,11 @@ class BankReplay:
         tables: Sequence[str] | None = None,
         records: Sequence[DeltaRecord] | None = None,
     ) -> None:
-        self.root = None if root is None else pathlib.Path(root)
-        self.log_root = None if not replay_log else pathlib.Path(log_root if log_root is not None else root or "")
         if replay_log and log_root is None and root is None:
             raise StoreNotFoundError("bank replay: neither a snapshot store nor a log store; expected root or log_root")
+        self.root = None if root is None else pathlib.Path(root)
+        log = log_root if log_root is not None else root
+        self.log_root = pathlib.Path(log) if replay_log and log is not None else None
         self.step = step
         self.tables = None if tables is None else list(tables)
         self.buckets = None if buckets is None else np.unique(np.asarray(
@@ -200,7 +201,7 @@ class BankReplay:
 
     def __iter__(self) -> Iterator[RowBatch]:
         if self._used:
-            raise StoreNotFoundError(f"bank replay of {self.root}: already iterated; expected one pass")
+            raise LifecycleError(f"bank replay of {self.root}: already iterated; expected one pass per BankReplay")
         self._used = True
         yield from self._snapshot_rows()
         if self.log_root is not None:
