@@ -23,7 +23,7 @@ from carls_dask import config
 from carls_dask.bank.core import LookupRows, ShardCore
 from carls_dask.bank.sampling import NegativeSample
 from carls_dask.bank.schema import TableSpec
-from carls_dask.storage.bankstore import MAKERS_TABLE, encode_makers
+from carls_dask.storage.bankstore import MAKERS_TABLE, BankReplay, encode_makers, restore_point
 from carls_dask.storage.errors import ShardLostError
 
 __all__ = ["MAKERS_TABLE", "OP_ID", "BankShard"]
@@ -332,8 +332,6 @@ class BankShard:
         dict
             Rows read from the snapshot and delta records applied.
         """
-        from carls_dask.storage.bankstore import BankReplay
-
         batches = BankReplay(root, version, replay_log=replay_log, buckets=self.core.owned_buckets,
                              tables=list(self.core.tables))
         out = self._apply(batches)
@@ -387,8 +385,6 @@ class BankShard:
             ``rows`` read from a snapshot, delta ``records`` applied, the snapshot ``version`` of ``root``
             used (-1 for none) and the ``seconds`` it took.
         """
-        from carls_dask.storage.bankstore import BankReplay, restore_point
-
         t0 = time.perf_counter()
         src, version = restore_point(root, base)
         done = self._apply(BankReplay(src, version, log_root=root, buckets=self.core.owned_buckets,
