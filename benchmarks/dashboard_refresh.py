@@ -88,7 +88,7 @@ def write_snapshot(bank: pathlib.Path, step: int, rows: int) -> None:
         "optimizer": {},
     }
     handle = begin_snapshot(bank, step)
-    write_shard(handle, {"meta": meta, "tables": {"nodes": arrays}})
+    write_shard(handle, {"meta": meta, "tables": {"nodes": arrays}}, delta_seq=0)
     commit_snapshot(handle)
 
 

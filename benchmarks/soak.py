@@ -158,8 +158,7 @@ def run(minutes: float, *, trainers: int = 1, makers: int = 1, snapshot_every: f
     """Run the soak and return its figures (see the module docstring)."""
     from carls_dask.bank.client import KnowledgeBank
     from carls_dask.runtime import Workbench
-    from carls_dask.storage.deltalog import prune_segments
-    from carls_dask.storage.snapshots import prune_snapshots, read_manifest
+    from carls_dask.storage.bankstore import prune_snapshots
 
     tmp = None
     if workdir is None:
@@ -192,11 +191,9 @@ def run(minutes: float, *, trainers: int = 1, makers: int = 1, snapshot_every: f
                 rss = wb.client.run(worker_rss)
                 samples.append((now - start, int(sum(rss.values()))))
                 if now >= next_snap:
-                    version = bank.snapshot(root, step=snapshots + 1)
+                    bank.snapshot(root, step=snapshots + 1)
                     snapshots += 1
-                    prune_snapshots(root, keep=2)
-                    man = read_manifest(root, version)
-                    prune_segments(root, {int(s): int(i["delta_seq"]) for s, i in man["shards"].items()})
+                    prune_snapshots(root, keep=2)  # and the delta-log segments the kept snapshots cover
                     next_snap = now + snapshot_every
                 if now >= next_log:
                     steps = {n: wb.status()[n].progress.get("step", 0) for n in names}

@@ -87,7 +87,8 @@ def _snapshots(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:
-    from carls_dask.storage.deltalog import MAKERS_TABLE, replay
+    from carls_dask.storage.bankstore import MAKERS_TABLE
+    from carls_dask.storage.deltalog import replay
     from carls_dask.storage.snapshots import list_snapshots, read_manifest
 
     man = read_manifest(args.path, args.version)
@@ -132,7 +133,8 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
 
 def _prune(args: argparse.Namespace, out: TextIO) -> int:
     from carls_dask import config
-    from carls_dask.storage.snapshots import list_snapshots, prune_snapshots
+    from carls_dask.storage.bankstore import prune_snapshots
+    from carls_dask.storage.manifest import list_snapshots
 
     keep = int(config.get("storage.keep-snapshots", args.keep))
     removed = prune_snapshots(args.path, keep)

@@ -7,8 +7,9 @@ delta-log records after it are merged in memory, last write per key winning.
 
 Variables of a table's dataset: one per column (``embedding`` over ``("key", "dim")``, ...), the
 provenance ``version``, ``model_step``, ``maker`` (names), ``wall_time`` (unix seconds), plus
-``frequency``, ``bucket``, ``shard`` (which saved shard held the row; -1 for rows from the delta log of a
-shard absent from the snapshot) and the optimizer slots as ``slot_<column>_<slot>``.
+``frequency``, ``bucket``, ``shard`` (the saved shard that held the row, or the shard whose delta log wrote
+it last) and the optimizer slots as ``slot_<column>_<slot>``. The merge itself is
+:class:`carls_dask.storage.bankstore.BankReplay`, the same replay a bank shard's restore applies.
 
 Row order: the lazy view keeps the stored order (shard by shard, by bucket inside a shard); the merged
 view is sorted by key. Select rows by label (``ds.sel(key=...)``) rather than by position.
@@ -29,9 +30,12 @@ import zarr
 from xarray.backends import BackendArray
 from xarray.core import indexing
 
-from carls_dask.storage.deltalog import MAKERS_TABLE, DeltaRecord, replay
-from carls_dask.storage.errors import CorruptStoreError, StoreNotFoundError, UnknownTableError
-from carls_dask.storage.snapshots import _array, list_snapshots, read_manifest, read_snapshot
+from carls_dask.storage.bankstore import MAKERS_TABLE, BankReplay
+from carls_dask.storage.chunkio import open_checked
+from carls_dask.storage.deltalog import DeltaRecord, replay
+from carls_dask.storage.errors import CorruptStoreError, UnknownTableError
+from carls_dask.storage.manifest import delta_seqs, entry_at_step, read_manifest, shard_name
+from carls_dask.storage.snapshots import read_snapshot
 
 __all__ = ["open_bank", "read_bank"]
 
@@ -95,75 +99,39 @@ def _pick_table(man: Mapping[str, Any], table: str | None, root: pathlib.Path) -
     return table
 
 
-def _base_entry(root: pathlib.Path, step: int | None) -> dict[str, Any]:
-    snaps = list_snapshots(root)
-    if not snaps:
-        raise StoreNotFoundError(f"bank store {root}: no committed snapshot; expected at least one")
-    if step is None:
-        return snaps[-1]
-    older = [e for e in snaps if e["step"] <= step]
-    if not older:
-        raise StoreNotFoundError(
-            f"bank store {root}: no snapshot at or before step {step}; the oldest kept is at step {snaps[0]['step']}"
-        )
-    return max(older, key=lambda e: (e["step"], e["version"]))
-
-
-def _decode_names(arrays: Mapping[str, np.ndarray]) -> dict[int, str]:
-    names = {}
-    for code, raw in zip(arrays["keys"].tolist(), arrays["name_utf8"], strict=True):
-        names[int(code)] = bytes(np.asarray(raw, dtype=np.uint8)).rstrip(b"\x00").decode("utf-8", "replace")
-    return names
-
-
-def _merge(
-    base: dict[str, np.ndarray], records: Sequence[DeltaRecord], man: Mapping[str, Any], table: str
-) -> tuple[dict[str, np.ndarray], list[str]]:
-    """Apply delta records to snapshot rows (last event per key wins); maker codes mapped to one list."""
-    makers = list(man["makers"]) or [""]
-    shard_makers: dict[int, dict[int, str]] = {
-        int(s): dict(enumerate(info["meta"].get("makers", []))) for s, info in man["shards"].items()
-    }
-    names = list(base)
-    chunks: dict[str, list[np.ndarray]] = {k: [v] for k, v in base.items()}
-    ev_keys = [base["keys"]]
-    ev_delete = [np.zeros(base["keys"].shape[0], dtype=bool)]
-    ev_row = [np.arange(base["keys"].shape[0])]
-    n_rows = base["keys"].shape[0]
-    for rec in records:
-        if rec.table == MAKERS_TABLE:
-            shard_makers.setdefault(rec.shard, {}).update(_decode_names(rec.arrays))
-            continue
-        if rec.table != table:
-            continue
-        keys = rec.arrays["keys"]
+def _merge(batches: BankReplay) -> dict[str, np.ndarray]:
+    """Apply the batches in order (last event per key wins); a ``shard`` column says who wrote each row."""
+    names: list[str] = []
+    chunks: dict[str, list[np.ndarray]] = {}
+    ev_keys: list[np.ndarray] = []
+    ev_delete: list[np.ndarray] = []
+    ev_row: list[np.ndarray] = []
+    n_rows = 0
+    logged = False
+    for batch in batches:
+        logged = logged or not batch.from_snapshot
+        keys = batch.arrays["keys"]
         ev_keys.append(keys)
-        if rec.op == "delete":
+        if batch.op == "delete":
             ev_delete.append(np.ones(keys.shape[0], dtype=bool))
             ev_row.append(np.full(keys.shape[0], -1))
             continue
-        missing = [k for k in names if k not in rec.arrays and k != "shard"]
+        if batch.from_snapshot and not names:
+            names = list(batch.arrays)
+            chunks = {k: [] for k in [*names, "shard"]}
+        missing = [k for k in names if k not in batch.arrays]
         if missing:
-            raise CorruptStoreError(f"delta record {rec.seq} of shard {rec.shard}, table {table!r}, lacks {missing}")
-        local = shard_makers.get(rec.shard, {})
-        cmap = np.zeros(max(local, default=0) + 1, dtype=np.int32)
-        for code, name in local.items():
-            if name not in makers:
-                makers.append(name)
-            cmap[code] = makers.index(name)
+            raise CorruptStoreError(f"delta record {batch.seq} of shard {batch.shard}, table {batch.table!r}, "
+                                    f"lacks {missing}; expected full rows")
         for k in names:
-            if k == "shard":
-                chunks[k].append(np.full(keys.shape[0], rec.shard, dtype=np.int32))
-            elif k == "prov/maker":
-                codes = rec.arrays[k]
-                chunks[k].append(cmap[np.clip(codes, 0, cmap.shape[0] - 1)])
-            else:
-                chunks[k].append(rec.arrays[k].astype(base[k].dtype, copy=False))
+            chunks[k].append(batch.arrays[k].astype(chunks[k][0].dtype, copy=False) if chunks[k] else batch.arrays[k])
+        chunks["shard"].append(np.full(keys.shape[0], batch.shard, dtype=np.int32))
         ev_delete.append(np.zeros(keys.shape[0], dtype=bool))
         ev_row.append(np.arange(n_rows, n_rows + keys.shape[0]))
         n_rows += keys.shape[0]
-    if len(ev_keys) == 1:
-        return base, makers
+    rows = {k: np.concatenate(v) for k, v in chunks.items()}
+    if not logged:
+        return rows  # snapshot rows only: every key once
     all_keys = np.concatenate(ev_keys)
     delete = np.concatenate(ev_delete)
     row = np.concatenate(ev_row)
@@ -172,10 +140,8 @@ def _merge(
     last = np.ones(sk.shape[0], dtype=bool)
     last[:-1] = sk[1:] != sk[:-1]
     pick = order[last]
-    pick = pick[~delete[pick]]
-    take = row[pick]
-    rows = {k: np.concatenate(v)[take] for k, v in chunks.items()}
-    return rows, makers
+    take = row[pick[~delete[pick]]]
+    return {k: v[take] for k, v in rows.items()}
 
 
 def read_bank(
@@ -187,6 +153,17 @@ def read_bank(
 ) -> tuple[dict[str, np.ndarray], list[str], dict[str, Any]]:
     """Rows of one table as of ``step`` (newest when None): snapshot plus delta log, sorted by key.
 
+    Parameters
+    ----------
+    root : path-like
+        The bank store.
+    table : str, optional
+        The table; may be omitted when the bank has one.
+    step : int, optional
+        The newest snapshot at or before this step plus the delta records up to it.
+    records : sequence of DeltaRecord, optional
+        The delta records after that snapshot, when the caller has read them already.
+
     Returns
     -------
     arrays, makers, manifest
@@ -194,20 +171,13 @@ def read_bank(
         the manifest of the snapshot used as base.
     """
     rootp = pathlib.Path(root)
-    entry = _base_entry(rootp, step)
+    entry = entry_at_step(rootp, step)
     man = read_manifest(rootp, entry["version"])
     tname = _pick_table(man, table, rootp)
-    base = read_snapshot(rootp, entry["version"], tables=[tname])[tname]
-    shard_col = np.concatenate(
-        [np.full(info["tables"][tname]["rows"], int(s), dtype=np.int32) for s, info in man["shards"].items()]
-        or [np.zeros(0, np.int32)]
-    )
-    base["shard"] = shard_col
-    if records is None:
-        records = list(replay(rootp, since_version=entry["version"], until_step=step, tables=[tname, MAKERS_TABLE]))
-    rows, makers = _merge(base, records, man, tname)
+    batches = BankReplay(rootp, entry["version"], step=step, tables=[tname], records=records)
+    rows = _merge(batches)
     order = np.argsort(rows["keys"], kind="stable")
-    return {k: v[order] for k, v in rows.items()}, makers, man
+    return {k: v[order] for k, v in rows.items()}, list(batches.makers), man
 
 
 def _dims_for(man: Mapping[str, Any], table: str, arrays: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
@@ -310,7 +280,7 @@ def open_bank(path: str | os.PathLike[str], step: int | None = None, table: str 
         If ``table`` is not in the bank (or is needed and missing).
     """
     rootp = pathlib.Path(path)
-    entry = _base_entry(rootp, step)
+    entry = entry_at_step(rootp, step)
     man = read_manifest(rootp, entry["version"])
     tname = _pick_table(man, table, rootp)
     attrs: dict[str, Any] = {
@@ -323,7 +293,7 @@ def open_bank(path: str | os.PathLike[str], step: int | None = None, table: str 
         "spec": json.dumps(man.get("meta", {}).get("tables", {}).get(tname, {})),
         "meta": json.dumps(man.get("meta", {})),
     }
-    records = list(replay(rootp, since_version=entry["version"], until_step=step, tables=[tname, MAKERS_TABLE]))
+    records = list(replay(rootp, since_seq=delta_seqs(man), until_step=step, tables=[tname, MAKERS_TABLE]))
     if any(r.table == tname for r in records):
         rows, makers, _ = read_bank(rootp, tname, step, records=records)
         attrs["makers"] = list(makers)
@@ -333,7 +303,7 @@ def open_bank(path: str | os.PathLike[str], step: int | None = None, table: str 
     small = read_snapshot(rootp, entry["version"], tables=[tname], names=["prov/maker"])[tname]
     vdir = rootp / man["path"]
     groups = [
-        zarr.open_group(str(vdir / f"shard-{int(s):04d}.zarr"), mode="r", zarr_format=3) for s in man["shards"]
+        zarr.open_group(str(vdir / f"{shard_name(int(s))}.zarr"), mode="r", zarr_format=3) for s in man["shards"]
     ]
     data: dict[str, Any] = {}
     for name in man["tables"][tname]["arrays"]:
@@ -341,7 +311,7 @@ def open_bank(path: str | os.PathLike[str], step: int | None = None, table: str 
             continue
         zs = []
         for g in groups:
-            zs.append(_array(g, f"{tname}/{name}"))  # numeric arrays with the writer's codecs only
+            zs.append(open_checked(g, f"{tname}/{name}"))  # numeric arrays with the writer's codecs only
         data[name] = indexing.LazilyIndexedArray(_ShardConcat(zs, f"bank store {rootp}, {tname}/{name}"))
     data["shard"] = np.concatenate(
         [np.full(info["tables"][tname]["rows"], int(s), dtype=np.int32) for s, info in man["shards"].items()]

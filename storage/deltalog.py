@@ -36,14 +36,14 @@ import numpy as np
 
 from carls_dask.storage.errors import CorruptStoreError, InvalidBatchError, InvalidShapeError, LifecycleError
 from carls_dask.storage.fsutil import WriterLock, fsync_dir
+from carls_dask.storage.manifest import delta_seqs, read_manifest
 
 __all__ = [
-    "MAKERS_TABLE",
     "DeltaLog",
     "DeltaRecord",
     "prune_segments",
     "replay",
-    "tail_seq",
+    "shards_in",
 ]
 
 logger = logging.getLogger(__name__)
@@ -53,9 +53,6 @@ _FRAME = struct.Struct("<4sIQI")
 _SEG_RE = re.compile(r"^seg-(\d{12})\.log$")
 OPS = ("upsert", "delete")
 DELTA = "delta"
-#: Pseudo-table in which a bank shard logs maker names as it registers them: ``keys`` are the shard's maker
-#: codes, ``name_utf8`` (uint8[n, 256]) the UTF-8 names, zero-padded.
-MAKERS_TABLE = "__makers__"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,17 +152,6 @@ def _last_valid(path: pathlib.Path) -> tuple[int, int | None]:
     for e, header, _ in _scan(path, read_arrays=False):
         end, seq = e, int(header["seq"])
     return end, seq
-
-
-def tail_seq(root: str | os.PathLike[str], shard: int) -> int:
-    """Sequence number of the newest complete record of ``shard``'s log (0 when it has none)."""
-    for first, path in reversed(_segments(_shard_dir(root, shard))):
-        _, seq = _last_valid(path)
-        if seq is not None:
-            return seq
-        if first > 1:
-            return first - 1
-    return 0
 
 
 class DeltaLog:
@@ -347,12 +333,9 @@ def replay(
     CorruptStoreError
         If a record in the middle of a log is damaged (only the newest record can be torn).
     """
-    from carls_dask.storage.snapshots import read_manifest
-
     base: dict[int, int] = {}
     if since_version is not None:
-        man = read_manifest(root, since_version)
-        base = {int(s): int(i["delta_seq"]) for s, i in man["shards"].items()}
+        base = delta_seqs(read_manifest(root, since_version))
     elif isinstance(since_seq, Mapping):
         base = {int(k): int(v) for k, v in since_seq.items()}
     default = since_seq if isinstance(since_seq, int) else 0

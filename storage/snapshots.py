@@ -19,19 +19,23 @@ A snapshot is written in three steps: :func:`begin_snapshot` makes a new version
 :func:`write_shard` (once per shard, possibly in other processes) writes whole chunks and fsyncs them, and
 :func:`commit_snapshot` writes ``snapshot.json`` and then swaps ``manifest.json``. A process killed before
 the swap leaves the previous snapshot listed, complete and untouched.
+
+The manifests are read and checked by :mod:`carls_dask.storage.manifest` (``list_snapshots`` and
+``read_manifest`` are re-exported here); uncompressed chunks are written and read by
+:mod:`carls_dask.storage.chunkio`. This module knows nothing of the delta log: a snapshot records, per
+shard, the log sequence number its writer passes (``delta_seq``), and
+:mod:`carls_dask.storage.bankstore` composes snapshots with the log (restore, replay, pruning of both).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import logging
 import os
 import pathlib
 import re
 import shutil
-import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -39,8 +43,15 @@ from typing import Any
 import numpy as np
 import zarr
 import zarr.codecs
-from zarr.core.buffer.cpu import NDBuffer as _NDBuffer
 
+from carls_dask.storage.chunkio import (
+    check_chunks,
+    open_checked,
+    plain_codecs,
+    read_rows,
+    scratch,
+    write_chunks,
+)
 from carls_dask.storage.errors import (
     CorruptStoreError,
     IncompatibleStoreError,
@@ -51,6 +62,18 @@ from carls_dask.storage.errors import (
     StoreNotFoundError,
 )
 from carls_dask.storage.fsutil import atomic_write_json, fsync_dir, fsync_tree, read_json, short_lock
+from carls_dask.storage.manifest import (
+    FORMAT,
+    KIND,
+    MANIFEST,
+    SNAPSHOTS,
+    VERSION_RE,
+    list_snapshots,
+    load_root_manifest,
+    read_manifest,
+    shard_name,
+    version_name,
+)
 
 __all__ = [
     "FORMAT",
@@ -58,7 +81,7 @@ __all__ = [
     "begin_snapshot",
     "commit_snapshot",
     "list_snapshots",
-    "prune_snapshots",
+    "prune_versions",
     "read_manifest",
     "read_snapshot",
     "shard_info",
@@ -67,13 +90,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Version of the on-disk layout; readers refuse other values.
-FORMAT = 1
+#: Version of the shard-state format (``ShardCore.export_state``) that :func:`write_shard` takes.
 STATE_FORMAT = 1
-KIND = "carls-dask bank"
-MANIFEST = "manifest.json"
-SNAPSHOTS = "snapshots"
-_VERSION_RE = re.compile(r"^v(\d{6,})$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 #: Threads that write or read a snapshot's arrays concurrently.
 IO_THREADS = max(1, min(4, os.cpu_count() or 1))
@@ -110,15 +128,7 @@ class SnapshotHandle:
     @property
     def path(self) -> pathlib.Path:
         """The version folder."""
-        return pathlib.Path(self.root) / SNAPSHOTS / _vname(self.version)
-
-
-def _vname(version: int) -> str:
-    return f"v{version:06d}"
-
-
-def _shard_name(shard: int) -> str:
-    return f"shard-{shard:04d}"
+        return pathlib.Path(self.root) / SNAPSHOTS / version_name(self.version)
 
 
 def _codecs(compressor: str, checksum: bool) -> list[Any] | None:
@@ -133,152 +143,6 @@ def _codecs(compressor: str, checksum: bool) -> list[Any] | None:
 
 
 # --------------------------------------------------------------------------------------------- manifest
-
-
-def _empty_manifest() -> dict[str, Any]:
-    return {"format": FORMAT, "kind": KIND, "snapshots": []}
-
-
-def _load_root_manifest(root: pathlib.Path) -> dict[str, Any]:
-    if not root.is_dir():
-        raise StoreNotFoundError(f"bank store {root}: no such folder; expected a folder written by begin_snapshot")
-    path = root / MANIFEST
-    if not path.exists():
-        return _empty_manifest()
-    man = read_json(path, f"bank store {root}")
-    _check_format(man, f"bank store {root} ({MANIFEST})")
-    if not isinstance(man.get("snapshots"), list):
-        raise CorruptStoreError(f"bank store {root}: {MANIFEST} has no 'snapshots' list")
-    for e in man["snapshots"]:
-        if not isinstance(e, dict) or not all(_is_int(e.get(k)) for k in ("version", "step", "n_shards", "bytes")) \
-                or not isinstance(e.get("created"), int | float) or not isinstance(e.get("rows"), dict) \
-                or not isinstance(e.get("path"), str) or ".." in pathlib.PurePosixPath(e["path"]).parts:
-            raise CorruptStoreError(f"bank store {root}: {MANIFEST} lists {e!r:.200}; expected entries with int "
-                                    "'version', 'step', 'n_shards', 'bytes', 'created' seconds, 'rows' and a 'path' "
-                                    "inside the store")
-    return man
-
-
-def _check_format(obj: Mapping[str, Any], what: str) -> None:
-    if obj.get("kind", KIND) != KIND:
-        raise IncompatibleStoreError(f"{what}: kind is {obj.get('kind')!r}; expected {KIND!r}")
-    if obj.get("format") != FORMAT:
-        raise IncompatibleStoreError(
-            f"{what}: format version is {obj.get('format')!r}; this carls-dask reads format {FORMAT}"
-        )
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _check_arrays(arrays: Any, where: str) -> None:
-    """Each array entry of a manifest: a numeric dtype string and a list of positive row dims."""
-    if not isinstance(arrays, dict):
-        raise CorruptStoreError(f"{where}: 'arrays' is a {type(arrays).__name__}; expected an object")
-    for name, desc in arrays.items():
-        dtype = desc.get("dtype") if isinstance(desc, dict) else None
-        try:
-            kind = np.dtype(dtype).kind if isinstance(dtype, str) else "?"
-        except TypeError:
-            kind = "?"
-        if kind not in "biuf":
-            raise CorruptStoreError(f"{where}, array {name!r}: dtype {dtype!r}; expected a numeric dtype "
-                                    "string such as '<f4' (object and string arrays are never read)")
-        shape = desc.get("shape")
-        if not isinstance(shape, list) or not all(_is_int(d) and d > 0 for d in shape):
-            raise CorruptStoreError(f"{where}, array {name!r}: shape {shape!r}; expected a list of positive ints")
-
-
-def _check_snapshot_manifest(man: dict[str, Any], what: str) -> None:
-    """Refuse a snapshot manifest whose fields have the wrong types before anything is read from it."""
-    for key in ("version", "buckets", "n_shards", "step", "bytes"):
-        if not _is_int(man.get(key)) or man[key] < 0:
-            raise CorruptStoreError(f"{what}: {key} is {man.get(key)!r}; expected a non-negative int")
-    if not isinstance(man.get("created"), int | float) or isinstance(man["created"], bool):
-        raise CorruptStoreError(f"{what}: created is {man.get('created')!r}; expected unix seconds")
-    if not isinstance(man.get("path"), str) or ".." in pathlib.PurePosixPath(man["path"]).parts:
-        raise CorruptStoreError(f"{what}: path is {man.get('path')!r}; expected a folder inside the store")
-    makers = man.get("makers")
-    if not isinstance(makers, list) or not all(isinstance(m, str) for m in makers):
-        raise CorruptStoreError(f"{what}: makers is {makers!r}; expected a list of names")
-    for field in ("tables", "shards", "meta"):
-        if not isinstance(man.get(field), dict):
-            raise CorruptStoreError(f"{what}: {field} is {type(man.get(field)).__name__}; expected an object")
-    specs = man["meta"].get("tables", {})
-    if not isinstance(specs, dict) or not all(isinstance(v, dict) for v in specs.values()):
-        raise CorruptStoreError(f"{what}: meta.tables is {specs!r:.80}; expected an object of table specs")
-    for tname, tinfo in man["tables"].items():
-        if not isinstance(tinfo, dict) or not _is_int(tinfo.get("rows")) or tinfo["rows"] < 0:
-            raise CorruptStoreError(f"{what}: table {tname!r} is {tinfo!r:.80}; expected an object with int rows")
-        _check_arrays(tinfo.get("arrays"), f"{what}, table {tname!r}")
-    for s_key, info in man["shards"].items():
-        where = f"{what}, shard {s_key!r}"
-        if not s_key.isdigit() or not isinstance(info, dict):
-            raise CorruptStoreError(f"{where}: expected a shard number with an object of its tables")
-        if not _is_int(info.get("delta_seq")) or not _is_int(info.get("bytes")) \
-                or not isinstance(info.get("meta"), dict) or not isinstance(info.get("tables"), dict) \
-                or not isinstance(info["meta"].get("owned_buckets", []), list):
-            raise CorruptStoreError(f"{where}: delta_seq {info.get('delta_seq')!r}, bytes {info.get('bytes')!r}, "
-                                    "meta and tables; expected two ints and two objects")
-        if not isinstance(info["meta"].get("makers", []), list) or not all(
-                m in makers for m in info["meta"].get("makers", [])):
-            raise CorruptStoreError(f"{where}: maker list {info['meta'].get('makers')!r}; expected names of {makers}")
-        for tname, tinfo in info["tables"].items():
-            if not isinstance(tinfo, dict) or not _is_int(tinfo.get("rows")) or tinfo["rows"] < 0:
-                raise CorruptStoreError(f"{where}, table {tname!r}: rows {tinfo.get('rows') if isinstance(tinfo, dict) else tinfo!r}; "
-                                        "expected a non-negative int")
-            _check_arrays(tinfo.get("arrays"), f"{where}, table {tname!r}")
-
-
-def list_snapshots(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Committed snapshots of a bank store, oldest first.
-
-    Each entry holds ``version``, ``step``, ``created`` (unix seconds), ``n_shards``, ``buckets``,
-    ``rows`` (per table), ``bytes`` and ``path`` (relative to ``root``).
-
-    Raises
-    ------
-    StoreNotFoundError
-        If ``root`` is not a folder.
-    IncompatibleStoreError
-        If the store was written in another format version.
-    """
-    return list(_load_root_manifest(pathlib.Path(root))["snapshots"])
-
-
-def _entry(root: pathlib.Path, version: int | None) -> dict[str, Any]:
-    snaps = list_snapshots(root)
-    if not snaps:
-        raise StoreNotFoundError(f"bank store {root}: no committed snapshot; expected at least one")
-    if version is None:
-        return dict(snaps[-1])
-    for e in snaps:
-        if e["version"] == version:
-            return dict(e)
-    have = [e["version"] for e in snaps]
-    raise StoreNotFoundError(f"bank store {root}: no snapshot version {version}; committed versions are {have}")
-
-
-def read_manifest(root: str | os.PathLike[str], version: int | None = None) -> dict[str, Any]:
-    """The manifest of one committed snapshot (the newest when ``version`` is None).
-
-    It holds the fields of :func:`list_snapshots` plus ``meta`` (what the committer passed), ``makers``
-    (maker names; ``prov/maker`` codes returned by :func:`read_snapshot` index this list), ``tables``
-    (per table: rows, and each array's dtype and row shape) and ``shards`` (per shard: its exported
-    ``meta``, rows per table and ``delta_seq``).
-    """
-    rootp = pathlib.Path(root)
-    entry = _entry(rootp, version)
-    man = read_json(rootp / entry["path"] / "snapshot.json", f"snapshot v{entry['version']} of {rootp}")
-    _check_format(man, f"snapshot v{entry['version']} of {rootp}")
-    _check_snapshot_manifest(man, f"snapshot v{entry['version']} of {rootp}")
-    return man
-
-
-# --------------------------------------------------------------------------------------------- writing
-
-
 def begin_snapshot(
     root: str | os.PathLike[str],
     step: int,
@@ -307,15 +171,15 @@ def begin_snapshot(
         raise InvalidBatchError(f"snapshot of {rootp}: chunk_rows={chunk_rows!r}; expected an integer >= 1")
     _codecs(compressor, checksum)  # validates the compressor name
     rootp.mkdir(parents=True, exist_ok=True)
-    _load_root_manifest(rootp)  # refuse foreign or newer stores before writing anything
+    load_root_manifest(rootp)  # refuse foreign or newer stores before writing anything
     snapdir = rootp / SNAPSHOTS
     snapdir.mkdir(exist_ok=True)
     while True:
-        used = [int(m.group(1)) for p in snapdir.iterdir() if (m := _VERSION_RE.match(p.name))]
+        used = [int(m.group(1)) for p in snapdir.iterdir() if (m := VERSION_RE.match(p.name))]
         committed = [e["version"] for e in list_snapshots(rootp)]
         version = max(used + committed + [0]) + 1
         try:
-            (snapdir / _vname(version)).mkdir()
+            (snapdir / version_name(version)).mkdir()
         except FileExistsError:  # another process took this number: take the next one
             continue
         break
@@ -390,100 +254,7 @@ def _bucket_order(bucket: np.ndarray, buckets: int) -> tuple[np.ndarray | None, 
     return order, offsets
 
 
-#: Codecs a snapshot array may name; an array with any other (e.g. a pickling codec) is refused unread.
-_READ_CODECS = frozenset({"bytes", "crc32c", "zstd"})
-#: Codec chain of uncompressed snapshot arrays, which :func:`_write_chunks` encodes itself.
-_PLAIN_CODECS = ([{"name": "bytes", "configuration": {"endian": "little"}}],
-                 [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
-                 [{"name": "bytes"}], [{"name": "bytes"}, {"name": "crc32c"}])
-
-
-def _plain_codecs(z: zarr.Array) -> bool | None:
-    """For an uncompressed array: whether chunks carry a CRC32C; None when other codecs are involved."""
-    meta: dict[str, Any] = json.loads(json.dumps(z.metadata.to_dict(), default=str))  # tuples -> lists
-    codecs = meta.get("codecs")
-    separator = meta.get("chunk_key_encoding", {}).get("configuration", {}).get("separator", "/")
-    if codecs not in _PLAIN_CODECS or separator != "/" or z.dtype.byteorder == ">":
-        return None
-    return bool(codecs[-1]["name"] == "crc32c")
-
-
-_ZEROS = np.zeros(1 << 20, dtype=np.uint8)
-_SCRATCH = threading.local()
-
-
-def _scratch(nbytes: int, slot: str = "rows") -> np.ndarray:
-    """A per-thread byte buffer reused across chunks (fresh memory costs page faults on every first touch)."""
-    buf = getattr(_SCRATCH, slot, None)
-    if buf is None or buf.nbytes < nbytes:
-        buf = np.empty(max(nbytes, 1), dtype=np.uint8)
-        setattr(_SCRATCH, slot, buf)
-    return buf[:nbytes]
-
-
-def _read_into(fh: Any, data: np.ndarray) -> int:
-    view = memoryview(data.data)
-    got = 0
-    while got < len(view):
-        n = fh.readinto(view[got:])
-        if not n:
-            break
-        got += n
-    return got
-
-
-def _write_all(fh: Any, data: np.ndarray) -> None:
-    view = memoryview(data.data)
-    while view:
-        view = view[fh.write(view) :]
-
-
-def _write_chunks(z: zarr.Array, folder: pathlib.Path, a: np.ndarray, order: np.ndarray | None) -> bool:
-    """Write the chunks of an uncompressed array directly as files; False if its codecs need Zarr.
-
-    The files are exactly what Zarr writes for the ``bytes`` (+ ``crc32c``) codec chain: each chunk's
-    C-order little-endian bytes (the last chunk padded with the fill value 0 to the full chunk shape),
-    then, with checksums, the CRC32C of those bytes as 4 little-endian bytes. Rows are gathered into bucket
-    order one chunk at a time, so no sorted copy of the whole array is made.
-    """
-    crc = _plain_codecs(z)
-    if crc is None:
-        return False
-    if crc:
-        import google_crc32c  # zarr's own dependency for its crc32c codec
-
-    if a.dtype.byteorder == ">":
-        a = a.astype(a.dtype.newbyteorder("<"))
-    c = int(z.chunks[0])
-    n = int(a.shape[0])
-    trailing = "/".join("0" for _ in a.shape[1:])
-    row_bytes = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
-    for i, start in enumerate(range(0, n, c)):
-        stop = min(n, start + c)
-        if order is not None:
-            block = _scratch((stop - start) * row_bytes).view(a.dtype).reshape(stop - start, *a.shape[1:])
-            np.take(a, order[start:stop], axis=0, out=block)
-        else:
-            block = np.ascontiguousarray(a[start:stop])
-        data = block.reshape(-1).view(np.uint8)
-        pad = (c - (stop - start)) * row_bytes  # the last chunk is stored at full size, padded with zeros
-        key = f"c/{i}" + (f"/{trailing}" if trailing else "")
-        (folder / key).parent.mkdir(parents=True, exist_ok=True)
-        with open(folder / key, "wb", buffering=0) as fh:
-            _write_all(fh, data)
-            value = google_crc32c.value(data) if crc else 0
-            while pad:
-                piece = min(pad, len(_ZEROS))
-                _write_all(fh, _ZEROS[:piece])
-                if crc:
-                    value = google_crc32c.extend(value, _ZEROS[:piece])
-                pad -= piece
-            if crc:
-                fh.write(int(value).to_bytes(4, "little"))
-    return True
-
-
-def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: int | None = None) -> dict[str, Any]:
+def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: int) -> dict[str, Any]:
     """Write one shard's exported state into the snapshot as whole Zarr chunks, then fsync it.
 
     Parameters
@@ -492,9 +263,9 @@ def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: 
         From :func:`begin_snapshot`.
     state : dict
         ``ShardCore.export_state()`` output (``{"meta": ..., "tables": ...}``).
-    delta_seq : int, optional
-        Sequence number of the last delta-log record this state includes. By default the current tail of
-        this shard's delta log under ``handle.root`` (right when the shard's writer is the caller).
+    delta_seq : int
+        Sequence number of the last delta-log record this state includes: the shard's ``DeltaLog.seq``
+        (0 for a bank without a delta log). Replays after this snapshot start past it.
 
     Returns
     -------
@@ -508,34 +279,33 @@ def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: 
     LifecycleError
         If the snapshot is already committed or its folder is gone.
     """
-    from carls_dask.storage.deltalog import tail_seq  # deltalog imports this module's helpers
-
     t0 = time.perf_counter()
     meta, tables = _validate_state(state)
     shard = int(meta["shard"])
     vdir = handle.path
     what = f"snapshot v{handle.version} of {handle.root}, shard {shard}"
+    if isinstance(delta_seq, bool) or not isinstance(delta_seq, int | np.integer) or delta_seq < 0:
+        raise InvalidBatchError(f"{what}: delta_seq={delta_seq!r}; expected the shard's delta-log sequence number, "
+                                "an int >= 0")
     if not vdir.is_dir():
         raise LifecycleError(f"{what}: version folder {vdir} is missing; expected one made by begin_snapshot")
     if (vdir / "snapshot.json").exists():
         raise LifecycleError(f"{what}: the snapshot is already committed; begin a new one")
-    marker = vdir / f"{_shard_name(shard)}.writing"
+    marker = vdir / f"{shard_name(shard)}.writing"
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
         raise StoreLockedError(f"{what}: another writer already writes this shard ({marker} exists)") from None
     os.write(fd, f"pid {os.getpid()}".encode())
     os.close(fd)
-    if (vdir / f"{_shard_name(shard)}.json").exists() or (vdir / f"{_shard_name(shard)}.zarr").exists():
+    if (vdir / f"{shard_name(shard)}.json").exists() or (vdir / f"{shard_name(shard)}.zarr").exists():
         marker.unlink()
         raise StoreLockedError(f"{what}: this shard is already written in this snapshot; expected one writer")
-    if delta_seq is None:
-        delta_seq = tail_seq(handle.root, shard)
     buckets = int(meta["buckets"])
     compressors = _codecs(handle.compressor, handle.checksum)
-    group = zarr.open_group(str(vdir / f"{_shard_name(shard)}.zarr"), mode="w-", zarr_format=3)
+    group = zarr.open_group(str(vdir / f"{shard_name(shard)}.zarr"), mode="w-", zarr_format=3)
     info_tables: dict[str, Any] = {}
-    zroot = vdir / f"{_shard_name(shard)}.zarr"
+    zroot = vdir / f"{shard_name(shard)}.zarr"
     jobs: list[tuple[zarr.Array, pathlib.Path, np.ndarray, np.ndarray | None]] = []
     for tname, arrays in tables.items():
         order, offsets = _bucket_order(arrays["bucket"], buckets)
@@ -560,11 +330,11 @@ def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: 
         info_tables[tname] = {"rows": int(arrays["keys"].shape[0]), "arrays": described}
     # arrays are written concurrently (gathers and file writes release the GIL); Zarr-encoded ones after
     with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
-        done = list(pool.map(lambda job: _write_chunks(*job), jobs))
+        done = list(pool.map(lambda job: write_chunks(*job), jobs))
     for (z, _folder, a, ordered), direct in zip(jobs, done, strict=True):
         if not direct:
             z[...] = np.take(a, ordered, axis=0) if ordered is not None else a
-    nbytes = fsync_tree(vdir / f"{_shard_name(shard)}.zarr")
+    nbytes = fsync_tree(vdir / f"{shard_name(shard)}.zarr")
     info = {
         "shard": shard,
         "meta": _jsonable(meta),
@@ -573,7 +343,7 @@ def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: 
         "delta_seq": int(delta_seq),
         "chunk_rows": handle.chunk_rows,
     }
-    atomic_write_json(vdir / f"{_shard_name(shard)}.json", info)
+    atomic_write_json(vdir / f"{shard_name(shard)}.json", info)
     marker.unlink()
     fsync_dir(vdir)
     dt = time.perf_counter() - t0
@@ -595,7 +365,7 @@ def _jsonable(obj: Any) -> Any:
 
 def shard_info(handle: SnapshotHandle, shard: int) -> dict[str, Any] | None:
     """The entry :func:`write_shard` left for ``shard`` in this snapshot, or None if not written yet."""
-    path = handle.path / f"{_shard_name(shard)}.json"
+    path = handle.path / f"{shard_name(shard)}.json"
     return read_json(path, f"snapshot v{handle.version}, shard {shard}") if path.exists() else None
 
 
@@ -672,7 +442,7 @@ def commit_snapshot(handle: SnapshotHandle, meta: Mapping[str, Any] | None = Non
         "buckets": buckets.pop(),
         "rows": {k: v["rows"] for k, v in tables.items()},
         "bytes": int(sum(i["bytes"] for i in infos.values())),
-        "path": f"{SNAPSHOTS}/{_vname(handle.version)}",
+        "path": f"{SNAPSHOTS}/{version_name(handle.version)}",
     }
     full = {
         "format": FORMAT,
@@ -686,32 +456,32 @@ def commit_snapshot(handle: SnapshotHandle, meta: Mapping[str, Any] | None = Non
     atomic_write_json(vdir / "snapshot.json", full)
     rootp = pathlib.Path(handle.root)
     with short_lock(rootp / ".manifest.lock", f"bank store {rootp}"):
-        man = _load_root_manifest(rootp)
+        man = load_root_manifest(rootp)
         man["snapshots"] = sorted([*man["snapshots"], entry], key=lambda e: e["version"])
         atomic_write_json(rootp / MANIFEST, man)
     logger.info("%s committed: %s rows, %.1f MB", what, entry["rows"], int(entry["bytes"]) / 1e6)
     return entry
 
 
-def prune_snapshots(root: str | os.PathLike[str], keep: int) -> list[int]:
-    """Delete all but the newest ``keep`` committed snapshots, abandoned partial ones, and covered delta logs.
+def prune_versions(root: str | os.PathLike[str], keep: int) -> tuple[list[int], dict[str, Any] | None]:
+    """Delete all but the newest ``keep`` committed snapshots, and abandoned partial ones.
 
     The manifest is rewritten first (atomically), then the folders are removed, so a crash in between
-    leaves only unlisted folders that the next prune removes. Delta-log segments whose records all
-    precede the oldest kept snapshot are removed too (never a shard's newest segment).
+    leaves only unlisted folders that the next prune removes. Delta-log segments are not touched here:
+    :func:`carls_dask.storage.bankstore.prune_snapshots` prunes both.
 
     Returns
     -------
-    list of int
+    removed : list of int
         The versions removed (committed and abandoned).
+    oldest : dict or None
+        The manifest of the oldest snapshot kept (None when none is committed).
     """
-    from carls_dask.storage.deltalog import prune_segments
-
     rootp = pathlib.Path(root)
     if int(keep) < 1:
         raise InvalidBatchError(f"prune of {rootp}: keep={keep!r}; expected an integer >= 1")
     with short_lock(rootp / ".manifest.lock", f"bank store {rootp}"):
-        man = _load_root_manifest(rootp)
+        man = load_root_manifest(rootp)
         snaps = man["snapshots"]
         drop = snaps[: max(0, len(snaps) - int(keep))]
         man["snapshots"] = snaps[len(drop) :]
@@ -722,7 +492,7 @@ def prune_snapshots(root: str | os.PathLike[str], keep: int) -> list[int]:
     removed = [e["version"] for e in drop]
     snapdir = rootp / SNAPSHOTS
     for p in sorted(snapdir.iterdir()) if snapdir.is_dir() else []:
-        m = _VERSION_RE.match(p.name)
+        m = VERSION_RE.match(p.name)
         if not m:
             continue
         v = int(m.group(1))
@@ -733,11 +503,9 @@ def prune_snapshots(root: str | os.PathLike[str], keep: int) -> list[int]:
                 removed.append(v)
     if snapdir.is_dir():
         fsync_dir(snapdir)
-    if man["snapshots"]:
-        oldest = read_manifest(rootp, man["snapshots"][0]["version"])
-        prune_segments(rootp, {int(s): int(i["delta_seq"]) for s, i in oldest["shards"].items()})
-    logger.info("pruned %s from %s", sorted(removed), rootp)
-    return sorted(removed)
+    oldest = read_manifest(rootp, man["snapshots"][0]["version"]) if man["snapshots"] else None
+    logger.info("pruned snapshots %s from %s", sorted(removed), rootp)
+    return sorted(removed), oldest
 
 
 # --------------------------------------------------------------------------------------------- reading
@@ -756,83 +524,6 @@ def _chunk_spans(ranges: Iterable[tuple[int, int]], chunk: int, n: int) -> list[
     return spans
 
 
-def _read_rows(
-    z: zarr.Array, folder: pathlib.Path, start: int, stop: int, dest: np.ndarray, *, plain: Any = ...
-) -> None:
-    """Read rows ``start:stop`` (``start`` chunk-aligned) into ``dest``, straight from the chunk files.
-
-    The inverse of :func:`_write_chunks` for uncompressed arrays (CRC32C verified when present); other
-    codec chains go through Zarr. ``plain`` is :func:`_plain_codecs` of ``z`` when the caller has it.
-    """
-    crc = _plain_codecs(z) if plain is ... else plain
-    if crc is None or dest.dtype != z.dtype or not dest.flags.c_contiguous:
-        z.get_basic_selection(slice(start, stop), out=_NDBuffer.from_numpy_array(dest))
-        return
-    if crc:
-        import google_crc32c  # zarr's own dependency for its crc32c codec
-    c = int(z.chunks[0])
-    row_bytes = dest.itemsize * int(np.prod(z.shape[1:], dtype=np.int64))
-    trailing = "/".join("0" for _ in z.shape[1:])
-    flat = dest.reshape(-1).view(np.uint8)
-    for i in range(start // c, -(-stop // c)):
-        lo = i * c
-        hi = min(stop, lo + c)
-        key = f"c/{i}" + (f"/{trailing}" if trailing else "")
-        part = flat[(lo - start) * row_bytes : (hi - start) * row_bytes]
-        pad = (c - (hi - lo)) * row_bytes
-        with open(folder / key, "rb", buffering=0) as fh:
-            size = os.fstat(fh.fileno()).st_size
-            expected = c * row_bytes + (4 if crc else 0)
-            if size != expected:
-                raise CorruptStoreError(f"chunk {key} of {folder} has {size} bytes; expected {expected}")
-            got = _read_into(fh, part)
-            value = google_crc32c.value(part) if crc else 0
-            while pad and crc:  # the padding of the last chunk only matters to the checksum
-                piece = _read_into(fh, _scratch(min(pad, 1 << 20), "pad"))
-                if not piece:
-                    break
-                value = google_crc32c.extend(value, _scratch(piece, "pad"))
-                pad -= piece
-            if crc:
-                fh.seek(size - 4)
-                stored = fh.read(4)
-        if got != part.nbytes:
-            raise CorruptStoreError(f"chunk {key} of {folder}: short read ({got} of {part.nbytes} bytes)")
-        if crc and int(value).to_bytes(4, "little") != stored:
-            raise CorruptStoreError(f"chunk {key} of {folder}: checksum mismatch; the chunk is damaged")
-
-
-def _array(group: zarr.Group, name: str) -> zarr.Array:
-    """Open one array of a shard store; refuse anything but numeric data under this writer's codecs."""
-    try:
-        node = group[name]
-    except Exception as exc:  # zarr raises assorted errors on damaged or foreign metadata
-        raise CorruptStoreError(f"{group.store}: {name} cannot be opened ({type(exc).__name__}: {exc}); "
-                                "expected an array written by write_shard") from exc
-    if not isinstance(node, zarr.Array):
-        raise CorruptStoreError(f"{group.store}: {name} is a group; expected an array")
-    meta: dict[str, Any] = dict(node.metadata.to_dict())
-    codecs = [c.get("name") if isinstance(c, dict) else getattr(c, "codec_name", c) for c in meta.get("codecs") or []]
-    if np.dtype(node.dtype).kind not in "biuf" or not set(codecs) <= _READ_CODECS:
-        raise CorruptStoreError(f"{group.store}: {name} is {node.dtype} with codecs {codecs}; expected a numeric "
-                                f"array with codecs from {sorted(_READ_CODECS)} (nothing else is decoded)")
-    if meta.get("attributes"):
-        raise CorruptStoreError(f"{group.store}: {name} carries attributes {sorted(dict(meta['attributes']))}; expected "
-                                "none (write_shard writes none)")
-    return node
-
-
-def _check_chunks(arr: zarr.Array, path: pathlib.Path, what: str) -> None:
-    """Zarr reads a missing chunk as fill values; a snapshot never has one, so a missing file is corruption."""
-    if arr.shape[0] == 0:
-        return
-    n_chunks = -(-arr.shape[0] // arr.chunks[0])
-    trailing = "/".join("0" for _ in arr.shape[1:])
-    for i in range(n_chunks):
-        key = f"c/{i}" + (f"/{trailing}" if trailing else "")
-        if not (path / key).is_file():
-            raise CorruptStoreError(f"{what}: chunk {key} of {path} is missing; expected {n_chunks} chunks")
-
 
 def read_snapshot(
     root: str | os.PathLike[str],
@@ -842,6 +533,7 @@ def read_snapshot(
     tables: Sequence[str] | None = None,
     names: Sequence[str] | None = None,
     expect: Mapping[str, Mapping[str, tuple[Any, Sequence[int]]]] | None = None,
+    shards: Iterable[int] | None = None,
 ) -> dict[str, dict[str, np.ndarray]]:
     """Read a committed snapshot's rows, optionally only those of a set of buckets.
 
@@ -860,6 +552,8 @@ def read_snapshot(
     expect : dict, optional
         ``{table: {name: (dtype, row_shape)}}`` the caller will load the rows into (e.g. a running bank's
         columns); any difference raises before anything is read.
+    shards : iterable of int, optional
+        Only the rows the snapshot holds for these of its shards (all when None).
 
     Returns
     -------
@@ -893,6 +587,10 @@ def read_snapshot(
                     f"{what}: table {t!r}, array {nm!r} is {got[0]}{list(got[1])} per row; "
                     f"expected {np.dtype(dtype)}{list(shape)}"
                 )
+    only = None if shards is None else {int(s) for s in shards}
+    if only is not None and not only <= {int(s) for s in man["shards"]}:
+        raise StoreNotFoundError(f"{what}: no shard {sorted(only - {int(s) for s in man['shards']})}; "
+                                 f"it holds shards {sorted(int(s) for s in man['shards'])}")
     wanted = None if buckets is None else np.unique(np.asarray(
         buckets if isinstance(buckets, np.ndarray) else list(buckets), dtype=np.int64))
     makers = man["makers"]
@@ -902,7 +600,9 @@ def read_snapshot(
     totals: dict[str, int] = dict.fromkeys(want_tables, 0)
     dtypes: dict[str, dict[str, tuple[np.dtype, tuple[int, ...]]]] = {t: {} for t in want_tables}
     for s_key, info in man["shards"].items():
-        zpath = vdir / f"{_shard_name(int(s_key))}.zarr"
+        if only is not None and int(s_key) not in only:
+            continue
+        zpath = vdir / f"{shard_name(int(s_key))}.zarr"
         if not zpath.is_dir():
             raise CorruptStoreError(f"{what}: shard store {zpath} is missing; expected one per shard")
         group = zarr.open_group(str(zpath), mode="r", zarr_format=3)
@@ -925,15 +625,15 @@ def read_snapshot(
                 if wanted is None:
                     spans, masks, rows = ([(0, n)] if n else []), None, n
                 else:
-                    offsets = np.asarray(_array(group, f"{tname}/bucket_offsets")[...])
+                    offsets = np.asarray(open_checked(group, f"{tname}/bucket_offsets")[...])
                     sel = wanted[(wanted >= 0) & (wanted < offsets.shape[0] - 1)]
                     ranges = sorted(zip(offsets[sel].tolist(), offsets[sel + 1].tolist(), strict=True))
                     spans = _chunk_spans(ranges, int(info.get("chunk_rows", 65536)), n)
-                    bucket_arr = _array(group, f"{tname}/bucket")
+                    bucket_arr = open_checked(group, f"{tname}/bucket")
                     masks = []
                     for s, e in spans:
                         bblock = np.empty(e - s, dtype=bucket_arr.dtype)
-                        _read_rows(bucket_arr, zpath / tname / "bucket", s, e, bblock)
+                        read_rows(bucket_arr, zpath / tname / "bucket", s, e, bblock)
                         masks.append(np.isin(bblock, wanted))
                     rows = int(sum(int(m.sum()) for m in masks))
             except (CorruptStoreError, StoreNotFoundError):
@@ -966,9 +666,9 @@ def read_snapshot(
                 pieces.append((lo, hi, p, idx))
                 p += hi - lo if idx is None else idx.size
         for nm in arr_names:
-            z = _array(group, f"{tname}/{nm}")
-            _check_chunks(z, zpath / tname / nm, what)
-            plain = _plain_codecs(z)
+            z = open_checked(group, f"{tname}/{nm}")
+            check_chunks(z, zpath / tname / nm, what)
+            plain = plain_codecs(z)
             for piece in pieces:
                 jobs.append((s_key, z, plain, zpath / tname / nm, out[tname][nm], piece,
                              code_map if nm == "prov/maker" else None))
@@ -979,11 +679,11 @@ def read_snapshot(
         try:
             if idx is None:
                 part = dest[p : p + hi - lo]
-                _read_rows(z, folder, lo, hi, part, plain=plain)
+                read_rows(z, folder, lo, hi, part, plain=plain)
             else:
                 row_bytes = z.dtype.itemsize * int(np.prod(z.shape[1:], dtype=np.int64))
-                block = _scratch((hi - lo) * row_bytes).view(z.dtype).reshape(hi - lo, *z.shape[1:])
-                _read_rows(z, folder, lo, hi, block, plain=plain)
+                block = scratch((hi - lo) * row_bytes).view(z.dtype).reshape(hi - lo, *z.shape[1:])
+                read_rows(z, folder, lo, hi, block, plain=plain)
                 part = dest[p : p + idx.size]
                 np.take(block, idx, axis=0, out=part, mode="clip")  # idx < hi - lo: clip never clips
             if code_map is not None and part.size:

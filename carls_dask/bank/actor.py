@@ -23,7 +23,7 @@ from carls_dask import config
 from carls_dask.bank.core import LookupRows, ShardCore
 from carls_dask.bank.sampling import NegativeSample
 from carls_dask.bank.schema import TableSpec
-from carls_dask.storage.deltalog import MAKERS_TABLE
+from carls_dask.storage.bankstore import MAKERS_TABLE, BankReplay, encode_makers, restore_point
 from carls_dask.storage.errors import ShardLostError
 
 __all__ = ["MAKERS_TABLE", "OP_ID", "BankShard"]
@@ -64,27 +64,6 @@ class _Logged:
 OP_ID = "op_id"
 #: Operation ids (and their answers) a shard remembers for recognising a retried batch.
 _OPS_REMEMBERED = 4096
-
-#: MAKERS_TABLE: pseudo-table of the delta log recording maker names as they are registered (code -> UTF-8).
-_MAKER_NAME_BYTES = 256
-
-
-def encode_makers(codes: Sequence[int], names: Sequence[str]) -> dict[str, np.ndarray]:
-    """Maker names as numeric, row-aligned arrays for the delta log."""
-    raw = np.zeros((len(names), _MAKER_NAME_BYTES), dtype=np.uint8)
-    for i, name in enumerate(names):
-        b = name.encode("utf-8")[:_MAKER_NAME_BYTES]
-        raw[i, : len(b)] = np.frombuffer(b, dtype=np.uint8)
-    return {"keys": np.asarray(codes, dtype=np.int64), "name_utf8": raw}
-
-
-def decode_makers(arrays: Mapping[str, np.ndarray]) -> dict[int, str]:
-    """Inverse of :func:`encode_makers`."""
-    out = {}
-    for code, row in zip(arrays["keys"].tolist(), arrays["name_utf8"], strict=True):
-        out[int(code)] = bytes(row).rstrip(b"\x00").decode("utf-8")
-    return out
-
 
 class BankShard:
     """One knowledge-bank shard, run as a Dask actor (``client.submit(BankShard, ..., actor=True)``).
@@ -338,7 +317,8 @@ class BankShard:
 
         if self._log is not None:
             self._log_makers()
-        info = write_shard(handle, self.core.export_state())
+        seq = int(self._log.seq) if self._log is not None else 0
+        info = write_shard(handle, self.core.export_state(), delta_seq=seq)
         if self._log is not None:
             self._log.roll()
         return info
@@ -352,56 +332,44 @@ class BankShard:
         dict
             Rows read from the snapshot and delta records applied.
         """
-        from carls_dask.storage.snapshots import read_manifest, read_snapshot
+        batches = BankReplay(root, version, replay_log=replay_log, buckets=self.core.owned_buckets,
+                             tables=list(self.core.tables))
+        out = self._apply(batches)
+        logger.info("shard %d restored %d rows from v%s and %d delta records", self.core.shard, out["rows"],
+                    batches.version, out["records"])
+        return out
 
-        man = read_manifest(root, version)
-        tables = list(self.core.tables)
-        data = read_snapshot(root, man["version"], buckets=self.core.owned_buckets, tables=tables)
-        rows = 0
-        for table, arrays in data.items():
-            rows += self.core.import_rows(table, arrays, makers=man["makers"])
-        applied = self._replay(root, man["version"], man) if replay_log else 0
+    def _apply(self, batches: Any) -> dict[str, int]:
+        """Apply :class:`~carls_dask.storage.bankstore.BankReplay` batches to this shard's core.
+
+        Operation ids of this shard's own delta records are remembered, so a batch that was logged but
+        whose answer was lost with the old process is recognised when the client retries it. Returns the
+        rows read from a snapshot and the delta records applied.
+        """
+        rows = applied = 0
+        for batch in batches:
+            if batch.from_snapshot:
+                rows += self.core.import_rows(batch.table, batch.arrays, makers=batch.makers)
+                continue
+            keys = batch.arrays["keys"]
+            ops = batch.arrays.get(OP_ID)
+            if batch.shard == self.core.shard and ops is not None and ops.size:
+                op = int(ops[0])
+                prev = self._ops.get(op)
+                self._ops[op] = _Logged(keys if not isinstance(prev, _Logged) else np.concatenate([prev.keys, keys]))
+            if batch.op == "delete":
+                mine = self.core._owned_mask[self._buckets(keys)]
+                if mine.any():
+                    self.core.delete(batch.table, keys[mine])
+                    applied += 1
+            elif self.core.import_rows(batch.table, batch.arrays, makers=batch.makers):
+                applied += 1
+        while len(self._ops) > _OPS_REMEMBERED:
+            self._ops.popitem(last=False)
         if self._log is not None:
             # the restored state is the new baseline: record the makers this shard now knows
             self._log_makers()
-        logger.info("shard %d restored %d rows from v%s and %d delta records", self.core.shard, rows, man["version"], applied)
         return {"rows": rows, "records": applied}
-
-    def _replay(self, root: str, since_version: int | None, man: Mapping[str, Any]) -> int:
-        """Apply the delta records of ``root`` newer than snapshot ``since_version`` (all when None).
-
-        Operation ids of this shard's own records are remembered, so a batch that was logged but
-        whose answer was lost with the old process is recognised when the client retries it.
-        """
-        from carls_dask.storage.deltalog import replay
-
-        applied = 0
-        old_makers: dict[int, dict[int, str]] = {}
-        for rec in replay(root, since_version=since_version):
-            if rec.shard == self.core.shard and OP_ID in rec.arrays and rec.arrays[OP_ID].size:
-                op = int(rec.arrays[OP_ID][0])
-                prev = self._ops.get(op)
-                keys = rec.arrays["keys"]
-                self._ops[op] = _Logged(keys if not isinstance(prev, _Logged) else np.concatenate([prev.keys, keys]))
-            if rec.table == MAKERS_TABLE:
-                old_makers.setdefault(rec.shard, {0: ""}).update(decode_makers(rec.arrays))
-                continue
-            if rec.table not in self.core.tables:
-                continue
-            if rec.op == "delete":
-                keys = rec.arrays["keys"]
-                mine = self.core._owned_mask[self._buckets(keys)]
-                if mine.any():
-                    self.core.delete(rec.table, keys[mine])
-                    applied += 1
-            else:
-                names = old_makers.setdefault(rec.shard, {0: ""})
-                shard_makers = self._maker_list(rec.shard, names, man)
-                if self.core.import_rows(rec.table, rec.arrays, makers=shard_makers):
-                    applied += 1
-        while len(self._ops) > _OPS_REMEMBERED:
-            self._ops.popitem(last=False)
-        return applied
 
     @_locked
     def rehome_restore(self, root: str, base: tuple[str, int] | None = None) -> dict[str, Any]:
@@ -414,26 +382,15 @@ class BankShard:
         Returns
         -------
         dict
-            ``rows`` read from a snapshot, delta ``records`` applied, the snapshot ``version`` used
-            (-1 for none) and the ``seconds`` it took.
+            ``rows`` read from a snapshot, delta ``records`` applied, the snapshot ``version`` of ``root``
+            used (-1 for none) and the ``seconds`` it took.
         """
-        from carls_dask.storage.errors import StoreNotFoundError
-        from carls_dask.storage.snapshots import read_manifest
-
         t0 = time.perf_counter()
-        try:
-            read_manifest(root)
-        except StoreNotFoundError:
-            rows, version = 0, -1
-            if base is not None:
-                rows = int(self.restore(base[0], int(base[1]), replay_log=False)["rows"])
-            applied = self._replay(root, None, {})
-            if self._log is not None:
-                self._log_makers()
-        else:
-            done = self.restore(root, None, replay_log=True)
-            rows, applied, version = int(done["rows"]), int(done["records"]), int(read_manifest(root)["version"])
-        out = {"rows": rows, "records": applied, "version": version, "seconds": time.perf_counter() - t0}
+        src, version = restore_point(root, base)
+        done = self._apply(BankReplay(src, version, log_root=root, buckets=self.core.owned_buckets,
+                                      tables=list(self.core.tables)))
+        used = int(version) if src is not None and src == str(root) and version is not None else -1
+        out = {**done, "version": used, "seconds": time.perf_counter() - t0}
         logger.info("shard %d re-homed from %s: %s", self.core.shard, root, out)
         return out
 
@@ -456,17 +413,6 @@ class BankShard:
         from carls_dask.bank.hashing import bucket_of
 
         return bucket_of(keys, self.core.buckets)
-
-    @staticmethod
-    def _maker_list(shard: int, logged: dict[int, str], man: Mapping[str, Any]) -> list[str]:
-        """The old shard's maker names by code: its snapshot list, extended by logged registrations."""
-        info = man.get("shards", {}).get(str(shard), {})
-        base = list(info.get("meta", {}).get("makers", [])) if isinstance(info, Mapping) else []
-        names = dict(enumerate(base))
-        names.update(logged)
-        if not names:
-            return [""]
-        return [names.get(i, "") for i in range(max(names) + 1)]
 
     @_locked
     def close(self) -> None:

@@ -55,7 +55,7 @@ class LocalBank:
         from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
 
         handle = begin_snapshot(root, int(step))
-        write_shard(handle, self.core.export_state())
+        write_shard(handle, self.core.export_state(), delta_seq=0)  # an inline bank keeps no delta log
         entry = commit_snapshot(handle, {"name": "inline", "n_shards": 1, "buckets": self.buckets,
                                          "tables": {t: s.to_json() for t, s in self.specs.items()}, "optimizer": {}})
         return int(entry["version"])

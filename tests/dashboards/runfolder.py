@@ -69,11 +69,15 @@ def shard_states(
     return states
 
 
-def write_snapshot(bank: pathlib.Path, step: int, keys: np.ndarray, columns: dict[str, np.ndarray], **kw: object) -> None:
-    """Commit one snapshot of table ``nodes`` holding ``columns`` for ``keys``."""
+def write_snapshot(bank: pathlib.Path, step: int, keys: np.ndarray, columns: dict[str, np.ndarray],
+                   delta_seqs: list[int] | None = None, **kw: object) -> None:
+    """Commit one snapshot of table ``nodes`` holding ``columns`` for ``keys``.
+
+    ``delta_seqs`` are the shards' delta-log sequence numbers the snapshot includes (0 without a log).
+    """
     handle = begin_snapshot(bank, step)
-    for state in shard_states(keys, columns, model_step=step, **kw):  # type: ignore[arg-type]
-        write_shard(handle, state)
+    for s, state in enumerate(shard_states(keys, columns, model_step=step, **kw)):  # type: ignore[arg-type]
+        write_shard(handle, state, delta_seq=delta_seqs[s] if delta_seqs else 0)
     commit_snapshot(handle)
 
 
@@ -134,7 +138,7 @@ def main() -> None:
             log.append(step, "nodes", "upsert", delta_rows(keys[new], {k: v[new] for k, v in cols.items()}, step, s))
         rows += args.grow
         if i % args.snapshot_every == 0:
-            write_snapshot(bank, step, keys, cols)
+            write_snapshot(bank, step, keys, cols, delta_seqs=[log.seq for log in logs])
         writer.append(step, bank_rows=float(rows), bank_lookups=float(step * 100), bank_updates=float(step * 40),
                       pacing=min(1.0, step / 500), admitted_fraction=min(1.0, step / 520), train_loss=1.0 / step)
         writer.flush()

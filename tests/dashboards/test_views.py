@@ -270,7 +270,7 @@ def test_pseudo_labels_kept_in_a_table_of_their_own_are_found(tmp_path: pathlib.
         meta = nodes_state["meta"]
         meta["tables"]["pseudo_labels"] = labels_state["meta"]["tables"]["nodes"] | {"name": "pseudo_labels"}  # type: ignore[index]
         nodes_state["tables"]["pseudo_labels"] = labels_state["tables"]["nodes"]  # type: ignore[index]
-        write_shard(handle, nodes_state)
+        write_shard(handle, nodes_state, delta_seq=0)
     commit_snapshot(handle)
     write_truth(tmp_path, 400)
 

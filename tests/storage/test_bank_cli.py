@@ -25,7 +25,7 @@ def _store(root: pathlib.Path, versions: int = 1) -> None:
         h = begin_snapshot(root, 10 * (v + 1))
         states = make_states(300, n_shards=2, seed=v)
         for st in states:
-            write_shard(h, st)
+            write_shard(h, st, delta_seq=0)
         commit_snapshot(h, {"n_shards": 2, "tables": {"nodes": TABLE_SPEC}})
 
 

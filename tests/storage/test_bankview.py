@@ -10,7 +10,8 @@ import pytest
 import xarray as xr
 
 from carls_dask.storage import open_bank, read_bank
-from carls_dask.storage.deltalog import MAKERS_TABLE, DeltaLog
+from carls_dask.storage.bankstore import MAKERS_TABLE, encode_makers
+from carls_dask.storage.deltalog import DeltaLog
 from carls_dask.storage.errors import StoreNotFoundError, UnknownTableError
 from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
 from tests.storage.states import make_states, merged, table_rows
@@ -19,15 +20,8 @@ from tests.storage.states import make_states, merged, table_rows
 def _snapshot(root: pathlib.Path, states: list, step: int) -> None:
     h = begin_snapshot(root, step, chunk_rows=64)
     for st in states:
-        write_shard(h, st)
+        write_shard(h, st, delta_seq=0)
     commit_snapshot(h, {"n_shards": len(states), "tables": {"nodes": states[0]["meta"]["tables"]["nodes"]}})
-
-
-def _names(makers: list[str]) -> dict[str, np.ndarray]:
-    raw = np.zeros((len(makers), 256), np.uint8)
-    for i, m in enumerate(makers):
-        raw[i, : len(m)] = np.frombuffer(m.encode(), np.uint8)
-    return {"keys": np.arange(2, 2 + len(makers), dtype=np.int64), "name_utf8": raw}
 
 
 def test_lazy_view_of_newest_snapshot(tmp_path: pathlib.Path) -> None:
@@ -58,7 +52,7 @@ def test_delta_log_merge_and_point_in_time(tmp_path: pathlib.Path) -> None:
     _snapshot(tmp_path, states, step=10)
     keys = states[0]["tables"]["nodes"]["keys"]
     with DeltaLog(tmp_path, 0) as log:
-        log.append(11, MAKERS_TABLE, "upsert", _names(["late-maker"]))
+        log.append(11, MAKERS_TABLE, "upsert", encode_makers([2], ["late-maker"]))
         up = table_rows(keys[:4], 64, seed=77)
         up["prov/maker"] = np.full(4, 2, np.int32)  # the shard's code 2 = "late-maker"
         log.append(11, "nodes", "upsert", up)
@@ -91,7 +85,7 @@ def test_table_choice_errors(tmp_path: pathlib.Path) -> None:
     st = make_states(50, n_shards=1)[0]
     st["tables"]["items"] = st["tables"]["nodes"]
     h = begin_snapshot(tmp_path, 0)
-    write_shard(h, st)
+    write_shard(h, st, delta_seq=0)
     commit_snapshot(h)
     with pytest.raises(UnknownTableError, match=r"holds tables \['items', 'nodes'\]; pass table="):
         open_bank(tmp_path)

@@ -16,8 +16,10 @@ import time
 
 import numpy as np
 
+from carls_dask.storage.bankstore import prune_snapshots
 from carls_dask.storage.deltalog import DeltaLog, replay
-from carls_dask.storage.snapshots import list_snapshots, prune_snapshots, read_manifest, read_snapshot
+from carls_dask.storage.manifest import list_snapshots, read_manifest
+from carls_dask.storage.snapshots import read_snapshot
 from tests.storage.states import assert_same, make_states, merged, sort_by_key, table_rows
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -87,7 +89,9 @@ _SNAPSHOTTER = textwrap.dedent(
     """
     import os, sys, time
     from carls_dask.storage import fsutil
-    from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, list_snapshots, prune_snapshots, write_shard
+    from carls_dask.storage.bankstore import prune_snapshots
+    from carls_dask.storage.manifest import list_snapshots
+    from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
     from tests.storage.states import make_states
     root, pause = sys.argv[1], sys.argv[2] == "pause"
     real = os.replace
@@ -102,7 +106,7 @@ _SNAPSHOTTER = textwrap.dedent(
     while True:
         h = begin_snapshot(root, v, chunk_rows=512)
         for st in make_states(1500, n_shards=2, seed=v, dim=8):
-            write_shard(h, st)
+            write_shard(h, st, delta_seq=0)
         commit_snapshot(h, {"seed": v})
         prune_snapshots(root, keep=2)
         print(v, flush=True)

@@ -42,7 +42,7 @@ def test_snapshot_round_trips_float64_and_int64_step_slots(tmp_path: pathlib.Pat
     states = adam_float64_states(900, n_shards=2, seed=3)
     h = begin_snapshot(tmp_path, 4, chunk_rows=128)
     for st in states:
-        write_shard(h, st)
+        write_shard(h, st, delta_seq=0)
     commit_snapshot(h, {"name": "bank", "n_shards": 2, "tables": {"nodes": states[0]["meta"]["tables"]["nodes"]}})
     want = merged(states)
     assert_same(sort_by_key(read_snapshot(tmp_path)["nodes"]), want)

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from carls_dask.storage.bankstore import prune_snapshots
 from carls_dask.storage.bankview import open_bank
 from carls_dask.storage.errors import (
     CorruptStoreError,
@@ -24,15 +25,8 @@ from carls_dask.storage.errors import (
     StoreLockedError,
     StoreNotFoundError,
 )
-from carls_dask.storage.snapshots import (
-    begin_snapshot,
-    commit_snapshot,
-    list_snapshots,
-    prune_snapshots,
-    read_manifest,
-    read_snapshot,
-    write_shard,
-)
+from carls_dask.storage.manifest import list_snapshots, read_manifest
+from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, read_snapshot, write_shard
 from tests.storage.states import assert_same, make_states, merged, sort_by_key
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -41,7 +35,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 def snapshot(root: pathlib.Path, states: list, step: int = 0, **kw: object) -> dict:
     h = begin_snapshot(root, step, **kw)  # type: ignore[arg-type]
     for st in states:
-        write_shard(h, st)
+        write_shard(h, st, delta_seq=0)
     return commit_snapshot(h, {"name": "bank", "n_shards": len(states)})
 
 
@@ -113,25 +107,25 @@ def test_commit_with_missing_shard_changes_nothing(tmp_path: pathlib.Path) -> No
     snapshot(tmp_path, states)
     before = (tmp_path / "manifest.json").read_bytes()
     h = begin_snapshot(tmp_path, 1)
-    write_shard(h, states[0])
+    write_shard(h, states[0], delta_seq=0)
     with pytest.raises(LifecycleError, match=r"shards \[1\] are not written"):
         commit_snapshot(h)
     assert (tmp_path / "manifest.json").read_bytes() == before
-    write_shard(h, states[1])
+    write_shard(h, states[1], delta_seq=0)
     commit_snapshot(h)
     with pytest.raises(LifecycleError, match="already committed"):
         commit_snapshot(h)
     with pytest.raises(LifecycleError, match="already committed"):
-        write_shard(h, states[0])
+        write_shard(h, states[0], delta_seq=0)
 
 
 def test_second_writer_of_a_shard_is_refused(tmp_path: pathlib.Path) -> None:
     states = make_states(100, n_shards=2)
     h = begin_snapshot(tmp_path, 0)
-    write_shard(h, states[0])
+    write_shard(h, states[0], delta_seq=0)
     files = sorted(p.name for p in h.path.iterdir())
     with pytest.raises(StoreLockedError, match="shard 0"):
-        write_shard(h, states[0])
+        write_shard(h, states[0], delta_seq=0)
     assert sorted(p.name for p in h.path.iterdir()) == files
 
 
@@ -140,16 +134,16 @@ def test_bad_states_are_refused_before_writing(tmp_path: pathlib.Path) -> None:
     h = begin_snapshot(tmp_path, 0)
     bad_rows = {**good, "tables": {"nodes": {**good["tables"]["nodes"], "frequency": np.zeros(3, np.int64)}}}
     with pytest.raises(InvalidShapeError, match=r"'frequency': shape \(3,\); expected 50 rows"):
-        write_shard(h, bad_rows)
+        write_shard(h, bad_rows, delta_seq=0)
     bad_fmt = {**good, "meta": {**good["meta"], "format": 9}}
     with pytest.raises(IncompatibleStoreError, match="meta format is 9"):
-        write_shard(h, bad_fmt)
+        write_shard(h, bad_fmt, delta_seq=0)
     bad_bucket = {**good, "tables": {"nodes": {**good["tables"]["nodes"], "bucket": np.full(50, 64, np.int32)}}}
     with pytest.raises(InvalidBatchError, match=r"bucket values in \[64, 64\]; expected \[0, 64\)"):
-        write_shard(h, bad_bucket)
+        write_shard(h, bad_bucket, delta_seq=0)
     obj = {**good, "tables": {"nodes": {**good["tables"]["nodes"], "col/x": np.array(["a"] * 50, dtype=object)}}}
     with pytest.raises(InvalidBatchError, match="expected a numeric dtype"):
-        write_shard(h, obj)
+        write_shard(h, obj, delta_seq=0)
     assert list(h.path.iterdir()) == []
     with pytest.raises(InvalidBatchError, match="compressor"):
         begin_snapshot(tmp_path, 0, compressor="lz5")
@@ -200,7 +194,7 @@ _SNAPSHOT_LOOP = textwrap.dedent(
     while True:
         h = begin_snapshot(root, v, chunk_rows=8192)
         for st in make_states(60000, n_shards=2, seed=v, dim=32):
-            write_shard(h, st)
+            write_shard(h, st, delta_seq=0)
         commit_snapshot(h, {"seed": v})
         print(v, flush=True)
         v += 1
