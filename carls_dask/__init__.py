@@ -22,7 +22,7 @@ from carls_dask.errors import CarlsError
 
 if TYPE_CHECKING:
     from carls_dask.bank import Column, KnowledgeBank, LookupResult, TableSpec
-    from carls_dask.dashboards.dashboard import Dashboard
+    from carls_dask.dashboards import Dashboard
     from carls_dask.runtime import KnowledgeMaker, Trainer, Workbench
     from carls_dask.storage import MetricWriter, open_bank, open_metrics
 
@@ -40,7 +40,7 @@ _WHERE = {
     "MetricWriter": "carls_dask.storage",
     "open_bank": "carls_dask.storage",
     "open_metrics": "carls_dask.storage",
-    "Dashboard": "carls_dask.dashboards.dashboard",
+    "Dashboard": "carls_dask.dashboards",
 }
 
 __all__ = [

@@ -71,4 +71,4 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
         return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'storage' has no attribute {name!r}")
+    raise AttributeError(f"module 'carls_dask.storage' has no attribute {name!r}")

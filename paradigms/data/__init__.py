@@ -4,3 +4,5 @@ Import loaders from their modules, e.g. :func:`carls_dask.paradigms.data.planeto
 """
 
 from __future__ import annotations
+
+__all__: list[str] = []

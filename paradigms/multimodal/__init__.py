@@ -10,3 +10,5 @@
 """
 
 from __future__ import annotations
+
+__all__: list[str] = []
