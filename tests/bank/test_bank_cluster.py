@@ -27,7 +27,7 @@ def items() -> TableSpec:
 
 def bank_state(bank: KnowledgeBank) -> dict[str, dict[str, np.ndarray]]:
     """Every shard's rows merged per table and sorted by key; maker codes turned into names."""
-    states = bank._call([(s, "export_state", (), {}) for s in range(bank.n_shards)])
+    states = bank._every_shard("export_state")
     out: dict[str, dict[str, Any]] = {}
     for st in states:
         makers = np.array(st["meta"]["makers"], dtype=object)
@@ -119,7 +119,7 @@ def test_errors_raised_on_a_shard_surface_with_their_type(bank: KnowledgeBank) -
     # the shard itself refuses keys of buckets it does not own (the client never sends them)
     foreign = np.array([k for k in range(100) if bank.shard_of(np.array([k]))[0] != 0][:3])
     with pytest.raises(InvalidBatchError, match="out of range for shard 0"):
-        bank._shards[0].lookup("nodes", foreign, None, True, None).result(timeout=30)
+        bank.transport.table.handles[0].lookup("nodes", foreign, None, True, None).result(timeout=30)
 
 
 def test_bank_pickles_into_tasks_and_has_awaitable_forms(client: Any, bank: KnowledgeBank) -> None:
@@ -209,14 +209,14 @@ def test_a_task_on_the_shards_worker_calls_it_directly(client: Any) -> None:
         bank.lookup("items", np.arange(50), insert=True)
 
         def colocated(b: KnowledgeBank) -> tuple[bool, np.ndarray]:
-            direct = b._local_shard(0) is not None
+            direct = b.transport.local_shard(0) is not None
             b.apply_gradients("items", np.arange(10), np.ones((10, 4), np.float32))
             return direct, b.lookup("items", np.arange(50)).version
 
         direct, version = client.submit(colocated, bank, workers=[worker], pure=False).result(timeout=60)
         assert direct
         assert version.tolist() == [2] * 10 + [1] * 40
-        assert bank._local_shard(0) is None  # this process holds no shard
+        assert bank.transport.local_shard(0) is None  # this process holds no shard
         assert bank.lookup("items", np.arange(10)).version.tolist() == [2] * 10
     finally:
         bank.close()
@@ -238,7 +238,7 @@ def test_answers_kept_by_the_caller_are_never_reused(client: Any) -> None:
                 held = [b.lookup("wide", keys[i::3]).values["embedding"] for i in range(3)]
                 for i in range(3):  # more reads while they are held
                     b.lookup("wide", keys[i::3])
-                return [h.copy() for h in held], b._local_shard(0).core.stats()["answer_buffers"]
+                return [h.copy() for h in held], b.transport.local_shard(0).core.stats()["answer_buffers"]
 
             held, pool = client.submit(reads, bank, workers=[workers[0]], pure=False).result(timeout=60)
             assert pool["allocated"] >= 3 and pool["reused"] >= 1, pool
