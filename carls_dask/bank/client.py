@@ -193,7 +193,14 @@ class KnowledgeBank:
     @classmethod
     def _start_local(cls, specs: Sequence[TableSpec], owner: np.ndarray, buckets: int, name: str, *,
                      log_root: str | None, log_sync: bool, initial_capacity: int) -> KnowledgeBank:
-        shards = [BankShard(*a) for a in _shard_args(specs, owner, buckets, initial_capacity, log_root, log_sync)]
+        shards: list[BankShard] = []
+        try:
+            for a in _shard_args(specs, owner, buckets, initial_capacity, log_root, log_sync):
+                shards.append(BankShard(*a))
+        except BaseException:
+            for shard in shards:  # release the delta logs already opened
+                shard.close()
+            raise
         return cls(LocalTransport(shards), specs, buckets=buckets, owner=owner, name=name,
                    timeout=config.get_seconds("bank.call-timeout"), log_root=log_root)
 
