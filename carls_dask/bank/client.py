@@ -261,6 +261,10 @@ class KnowledgeBank:
         """How long a call waits for a lost shard to come back (0 for in-process shards)."""
         return self._transport.rehome_timeout
 
+    @rehome_timeout.setter
+    def rehome_timeout(self, seconds: float) -> None:
+        self._transport.rehome_timeout = float(seconds)
+
     @property
     def tables(self) -> dict[str, TableSpec]:
         """The (resolved) table specs by name."""
@@ -464,7 +468,8 @@ class KnowledgeBank:
         InvalidBatchError
             If the table holds fewer than ``k`` usable rows (CARLS needs exactly ``k`` results).
         """
-        q = check_top_k_query(self.spec(table), query, k, column, metric)
+        q = np.asarray(query)
+        q = check_top_k_query(self.spec(table), q[None, :] if q.ndim == 1 else q, k, column, metric)
         parts = self._every_shard("top_k", table, q, int(k), column, metric)
         keys = np.concatenate([p[0] for p in parts], axis=1)
         scores = np.concatenate([p[1] for p in parts], axis=1)

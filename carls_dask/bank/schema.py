@@ -542,7 +542,7 @@ def check_sample_size(table: str, n: Any) -> int:
 
 def check_top_k_query(spec: TableSpec, query: Any, k: Any, column: str = "embedding",
                       metric: str = "dot") -> np.ndarray:
-    """Validate a top-k query of ``spec``'s ``column``; returns it as ``float32[q, d]`` (a 1-D query is one row).
+    """Validate a top-k query ``float[q, d]`` of ``spec``'s ``column``; returns it as ``float32[q, d]``.
 
     Raises
     ------
@@ -562,11 +562,10 @@ def check_top_k_query(spec: TableSpec, query: Any, k: Any, column: str = "embedd
         raise InvalidShapeError(
             f"table {table!r}, column {column!r}: top_k needs a float vector column, got {col.dtype}{list(col.shape)}"
         )
-    given = np.asarray(query)
-    q = given[None, :] if given.ndim == 1 else given
+    q = np.asarray(query)
     if q.ndim != 2 or q.shape[1] != col.shape[0] or q.shape[0] == 0:
         raise InvalidShapeError(
-            f"table {table!r}, column {column!r}: query has shape {given.shape}; expected (q>0, {col.shape[0]})"
+            f"table {table!r}, column {column!r}: query has shape {q.shape}; expected (q>0, {col.shape[0]})"
         )
     if q.dtype.kind not in "iuf":
         raise InvalidDTypeError(f"table {table!r}: query of dtype {q.dtype} is not numeric")
