@@ -234,13 +234,7 @@ class KnowledgeBank:
             install_walltime_plugin(client)
         return cls(transport, specs, buckets=buckets, owner=owner, name=name, timeout=timeout, log_root=log_root)
 
-    # -- pickling -----------------------------------------------------------------------------------
-    def __getstate__(self) -> dict[str, Any]:
-        return dict(self.__dict__)  # the transport decides what a copy carries
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
+    # pickling is the default: the transport decides what a copy carries
     def __repr__(self) -> str:
         return (f"<KnowledgeBank {self.name!r}: {self.n_shards} {self._transport.kind} shards, "
                 f"tables {sorted(self._specs)}>")

@@ -152,3 +152,20 @@ def test_the_lost_actor_error_texts_are_distributeds() -> None:
 
     source = inspect.getsource(distributed.actor)
     assert _LOST_TEXT in source and _UNREACHABLE_TEXT in source
+
+
+def _ping_through_the_worker_loop(key: str, address: str) -> int:
+    """A handle bound to the worker only (as one deserialised outside a task is), run on the worker's loop."""
+    handle = actor_handle(BankShard, key, address)
+    vars(handle)["_client"] = None
+
+    async def ping() -> Any:
+        return await execute(handle, "ping", (), {})
+
+    return int(run_on_loop(handle, ping))
+
+
+def test_a_worker_thread_runs_a_coroutine_on_the_workers_loop(client: Any, actor: tuple[Any, Any, str]) -> None:
+    _, handle, worker = actor
+    got = client.submit(_ping_through_the_worker_loop, str(handle.key), worker, workers=[worker], pure=False)
+    assert got.result(timeout=60) == 0
