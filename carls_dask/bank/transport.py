@@ -184,7 +184,8 @@ class LocalTransport:
         return len(self.shards)
 
     def call(self, calls: Sequence[ShardCall], timeout: float) -> list[Any]:
-        """Call each shard in turn; returns the answers in the order of ``calls``."""
+        """Call each shard in turn; returns the answers in the order of ``calls`` (``timeout`` does not apply:
+        the calls run in this thread)."""
         return [getattr(self.shards[c.shard], c.method)(*c.args, **c.send_kwargs) for c in calls]
 
     def local_shard(self, s: int) -> Any:
