@@ -90,7 +90,7 @@ def colocated(bank: Any, n_rows: int, reps: dict[int, int], seed: int) -> dict[s
     """Runs on the shard's worker: the bank through its direct path, and a local numpy gather."""
     rng = np.random.default_rng(seed)
     keys = bank.keys("bench")
-    assert bank._local_shard(0) is not None, "the co-located path was not taken"
+    assert bank.transport.local_shard(0) is not None, "the co-located path was not taken"
     table = rng.normal(size=(n_rows, D)).astype(np.float32)
     out: dict[str, dict[int, float]] = {"co-located": {}, "local gather": {}}
     for b, r in reps.items():

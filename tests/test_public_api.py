@@ -37,7 +37,7 @@ PUBLIC = {
     "carls_dask.paradigms.curriculum": [
         "BANK_COLUMNS", "CLEAN_MODES", "PACING_SCHEDULES", "SCORERS", "TABLE", "CleaningRule", "CurriculumData",
         "CurriculumSampler", "CurriculumSettings", "CurriculumTrainer", "DifficultyMaker", "FractionPacing",
-        "InlineResult", "LocalBank", "NoisyLabels", "Pacing", "SelfPacedPacing", "clean_targets", "detection_quality",
+        "InlineResult", "NoisyLabels", "Pacing", "SelfPacedPacing", "clean_targets", "detection_quality",
         "difficulty_table", "get_scorer", "load_data", "make_model", "make_pacing", "register_scorer", "run_inline",
         "symmetric_noise",
     ],

@@ -1,18 +1,23 @@
-"""The :class:`KnowledgeBank` client: routes batches to shard actors and gathers the answers.
+"""The :class:`KnowledgeBank` client: routes batches to shards and gathers the answers.
 
-A batch is split by hash bucket into one sub-batch per shard, the calls to all shards are issued
-before any answer is awaited, and the answers are put back in the order of the keys. The client
-validates every batch against the table specs before sending anything, so a bad batch reaches no
-shard. The object is picklable: it carries the actor handles and can be passed into tasks.
+A batch is split by hash bucket into one sub-batch per shard, one :class:`~carls_dask.bank.transport.ShardCall`
+per shard is sent through the bank's transport (all of them before any answer is awaited), and the
+answers are put back in the order of the keys. The client validates every batch against the table
+specs (:mod:`carls_dask.bank.schema`) before sending anything, so a bad batch reaches no shard.
+
+Two transports carry the calls (:mod:`carls_dask.bank.transport`): Dask actors
+(:meth:`KnowledgeBank.create`, :meth:`KnowledgeBank.restore`; the object is picklable and can be
+passed into tasks) and shards held in this process (:meth:`KnowledgeBank.local`,
+:meth:`KnowledgeBank.restore_local`; no cluster). Routing, validation, snapshots and answers are
+the same code for both.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,33 +26,27 @@ from carls_dask import config
 from carls_dask.bank.actor import BankShard
 from carls_dask.bank.core import LookupResult, gather_rows
 from carls_dask.bank.hashing import bucket_of, to_int64_keys
-from carls_dask.bank.optimizers import compute_dtype
-from carls_dask.bank.rehoming import (
-    adopt_or_rehome,
-    forget_table,
-    install_walltime_plugin,
-    is_lost,
-    publish_table,
-    rehome_stats,
-    run_on_loop,
-    set_base,
-    watch_all,
-    with_op_ids,
-)
+from carls_dask.bank.rehoming import install_walltime_plugin, publish_table, set_base
 from carls_dask.bank.sampling import NegativeSample, order_by_frequency, sample_candidates
-from carls_dask.bank.schema import TableSpec, check_batch_size, coerce_column_values, unknown_table
-from carls_dask.storage.errors import (
-    DeadlineExceeded,
-    InvalidBatchError,
-    InvalidDTypeError,
-    InvalidShapeError,
-    LifecycleError,
-    ShardLostError,
+from carls_dask.bank.schema import (
+    TableSpec,
+    check_batch_size,
+    check_gradients,
+    check_keys,
+    check_max_staleness,
+    check_sample_size,
+    check_top_k_query,
+    check_update,
+    unknown_table,
 )
+from carls_dask.bank.transport import DaskTransport, LocalTransport, ShardCall, stamp_op_ids
+from carls_dask.storage.errors import InvalidBatchError, LifecycleError
 
 __all__ = ["KnowledgeBank"]
 
 logger = logging.getLogger(__name__)
+
+Transport = DaskTransport | LocalTransport
 
 
 def _resolve(spec: TableSpec) -> TableSpec:
@@ -65,86 +64,58 @@ def _owner_map(buckets: int, n_shards: int) -> np.ndarray:
     return (np.arange(buckets) % n_shards).astype(np.int32)
 
 
-class _Failed:
-    """A shard call that raised (kept apart so that the other shards' answers are not lost)."""
+def _plan(what: str, tables: Sequence[TableSpec], n_shards: int | None,
+          buckets: int | None) -> tuple[list[TableSpec], np.ndarray, int]:
+    """Resolved specs, the bucket owner map and the bucket count of a new bank (checked)."""
+    specs = [_resolve(t) for t in tables]
+    if not specs:
+        raise InvalidBatchError(f"{what}: no tables given; expected at least one TableSpec")
+    names = [t.name for t in specs]
+    if len(set(names)) != len(names):
+        raise InvalidBatchError(f"{what}: duplicate table names in {names}")
+    n = int(config.get("bank.shards", n_shards))
+    b = int(config.get("bank.buckets", buckets))
+    if n < 1 or b < n:
+        raise InvalidBatchError(f"{what}: n_shards={n}, buckets={b}; expected 1 <= n_shards <= buckets")
+    return specs, _owner_map(b, n), b
 
-    __slots__ = ("exc",)
 
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-    def __await__(self) -> Any:  # awaiting a call that could not even be issued raises its error
-        raise self.exc
-
-
-class _Deferred:
-    """A remote shard call sent when awaited on the event loop, so all of a batch's calls go out in one hop.
-
-    Calling an actor method through its handle costs a hop to the event loop per call (and one more
-    to wait); this sends the same ``actor_execute`` request from the loop, with the handle's handling
-    of a lost connection (wait for the actor's future if it is still pending and retry, else
-    ``OSError("Unable to contact Actor's worker")``).
-    """
-
-    __slots__ = ("args", "handle", "kwargs", "method")
-
-    def __init__(self, handle: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.handle, self.method, self.args, self.kwargs = handle, method, args, kwargs
-
-    def __await__(self) -> Any:
-        return self._run().__await__()
-
-    async def _run(self) -> Any:
-        from distributed.protocol import to_serialize
-
-        h = self.handle
-        while True:
-            try:
-                result = await h._worker_rpc.actor_execute(
-                    function=self.method,
-                    actor=h.key,
-                    args=[to_serialize(a) for a in self.args],
-                    kwargs={k: to_serialize(v) for k, v in self.kwargs.items()},
-                )
-            except OSError:
-                if h._future is not None and not h._future.done():
-                    await h._future
-                    continue
-                raise OSError("Unable to contact Actor's worker") from None
-            if result["status"] == "OK":
-                return result["result"]
-            raise result["exception"]
+def _shard_args(specs: Sequence[TableSpec], owner: np.ndarray, buckets: int, initial_capacity: int,
+                log_root: str | None, log_sync: bool) -> list[tuple[Any, ...]]:
+    """The :class:`BankShard` arguments of each shard."""
+    n = int(owner.max()) + 1
+    tables = [t.to_json() for t in specs]
+    return [(tables, s, n, buckets, np.flatnonzero(owner == s).tolist(), initial_capacity, log_root, log_sync)
+            for s in range(n)]
 
 
 class KnowledgeBank:
-    """A sharded knowledge bank: one :class:`~carls_dask.bank.actor.BankShard` actor per shard.
+    """A sharded knowledge bank: one :class:`~carls_dask.bank.actor.BankShard` per shard.
 
-    Create one with :meth:`create` (or :meth:`restore`); every operation takes a batch of keys
+    Create one with :meth:`create` (Dask actors) or :meth:`local` (in this process), or from a
+    snapshot with :meth:`restore` / :meth:`restore_local`; every operation takes a batch of keys
     (``int64[n]`` or strings) and returns arrays in the order of those keys. Each method has an
     awaitable ``*_async`` form.
     """
 
     def __init__(
         self,
-        shards: Sequence[Any],
+        transport: Transport,
         tables: Sequence[TableSpec],
         *,
         buckets: int,
         owner: np.ndarray,
         name: str,
         timeout: float,
-        futures: Sequence[Any] = (),
         log_root: str | None = None,
     ) -> None:
-        self._shards = list(shards)
+        self._transport = transport
         self._specs = {t.name: t for t in tables}
         self.buckets = int(buckets)
         self._owner = np.asarray(owner, dtype=np.int32)
         self.name = name
         self.timeout = float(timeout)
-        self._futures = list(futures)
         self.log_root = log_root
-        self.rehome_timeout = config.get_seconds("bank.rehome-timeout")
         self._closed = False
 
     # -- construction -------------------------------------------------------------------------------
@@ -187,25 +158,51 @@ class KnowledgeBank:
         timeout
             Deadline of one call to a shard (``carls.bank.call-timeout``).
         """
-        specs = [_resolve(t) for t in tables]
-        if not specs:
-            raise InvalidBatchError("KnowledgeBank.create: no tables given; expected at least one TableSpec")
-        names = [t.name for t in specs]
-        if len(set(names)) != len(names):
-            raise InvalidBatchError(f"KnowledgeBank.create: duplicate table names in {names}")
-        n = int(config.get("bank.shards", n_shards))
-        b = int(config.get("bank.buckets", buckets))
-        if n < 1 or b < n:
-            raise InvalidBatchError(
-                f"KnowledgeBank.create: n_shards={n}, buckets={b}; expected 1 <= n_shards <= buckets"
-            )
-        owner = _owner_map(b, n)
+        specs, owner, b = _plan("KnowledgeBank.create", tables, n_shards, buckets)
         return cls._start(
             client, specs, owner, b, workers, name or f"bank-{uuid.uuid4().hex[:8]}",
             log_root=log_root, log_sync=log_sync,
             initial_capacity=int(config.get("bank.initial-capacity", initial_capacity)),
             timeout=config.get_seconds("bank.call-timeout", timeout),
         )
+
+    @classmethod
+    def local(
+        cls,
+        tables: Sequence[TableSpec],
+        n_shards: int | None = None,
+        buckets: int | None = None,
+        name: str | None = None,
+        *,
+        log_root: str | None = None,
+        log_sync: bool = True,
+        initial_capacity: int | None = None,
+    ) -> KnowledgeBank:
+        """A bank whose shards live in this process and are called directly (no cluster).
+
+        The same client as :meth:`create` (validation, routing, answers, :meth:`snapshot`), over
+        :class:`~carls_dask.bank.actor.BankShard` objects held by a
+        :class:`~carls_dask.bank.transport.LocalTransport`. Such a bank cannot be pickled into tasks
+        and is never re-homed. Parameters as in :meth:`create`.
+        """
+        specs, owner, b = _plan("KnowledgeBank.local", tables, n_shards, buckets)
+        return cls._start_local(specs, owner, b, name or f"local-{uuid.uuid4().hex[:8]}", log_root=log_root,
+                                log_sync=log_sync,
+                                initial_capacity=int(config.get("bank.initial-capacity", initial_capacity)))
+
+    @classmethod
+    def _start_local(cls, specs: Sequence[TableSpec], owner: np.ndarray, buckets: int, name: str, *,
+                     log_root: str | None, log_sync: bool, initial_capacity: int) -> KnowledgeBank:
+        shards: list[BankShard] = []
+        try:
+            for a in _shard_args(specs, owner, buckets, initial_capacity, log_root, log_sync):
+                shards.append(BankShard(*a))
+        except BaseException:
+            for shard in shards:  # release the delta logs already opened
+                shard.close()
+            raise
+        return cls(LocalTransport(shards), specs, buckets=buckets, owner=owner, name=name,
+                   timeout=config.get_seconds("bank.call-timeout"), log_root=log_root)
 
     @classmethod
     def _start(
@@ -226,62 +223,41 @@ class KnowledgeBank:
         addrs = list(workers) if workers else sorted(client.scheduler_info(n_workers=-1)["workers"])
         if not addrs:
             raise LifecycleError(f"bank {name!r}: the cluster has no workers to place {n} shards on")
-        futures = []
-        for s in range(n):
-            futures.append(
-                client.submit(
-                    BankShard,
-                    [t.to_json() for t in specs],
-                    s,
-                    n,
-                    buckets,
-                    np.flatnonzero(owner == s).tolist(),
-                    initial_capacity,
-                    log_root,
-                    log_sync,
-                    actor=True,
-                    workers=[addrs[s % len(addrs)]],
-                    allow_other_workers=False,
-                    key=f"{name}-shard-{s}",
-                    pure=False,
-                )
-            )
-        try:
-            handles = [f.result(timeout=timeout) for f in futures]
-        except TimeoutError as exc:
-            raise DeadlineExceeded(f"bank {name!r}: shards did not start within {timeout:g} s") from exc
-        logger.info("bank %s: %d shards on %s", name, n, sorted({addrs[s % len(addrs)] for s in range(n)}))
-        cls._publish(client, name, handles, specs, owner, buckets, initial_capacity, log_root, log_sync)
-        return cls(handles, specs, buckets=buckets, owner=owner, name=name, timeout=timeout,
-                   futures=futures, log_root=log_root)
-
-    @staticmethod
-    def _publish(client: Any, name: str, handles: Sequence[Any], specs: Sequence[TableSpec], owner: np.ndarray,
-                 buckets: int, initial_capacity: int, log_root: str | None, log_sync: bool) -> None:
-        """Store the shard table for re-homing (see :mod:`carls_dask.bank.rehoming`)."""
-        publish_table(client, name, handles, [t.to_json() for t in specs],
-                      [np.flatnonzero(owner == s).tolist() for s in range(len(handles))],
+        args = _shard_args(specs, owner, buckets, initial_capacity, log_root, log_sync)
+        placed = [addrs[s % len(addrs)] for s in range(n)]
+        transport = DaskTransport.start(client, name, BankShard, args, placed, timeout,
+                                        config.get_seconds("bank.rehome-timeout"))
+        logger.info("bank %s: %d shards on %s", name, n, sorted(set(placed)))
+        publish_table(client, transport.table, [t.to_json() for t in specs], [a[4] for a in args],
                       buckets=buckets, initial_capacity=initial_capacity, log_root=log_root, log_sync=log_sync)
         if log_root is not None:
             install_walltime_plugin(client)
+        return cls(transport, specs, buckets=buckets, owner=owner, name=name, timeout=timeout, log_root=log_root)
 
-    # -- pickling -----------------------------------------------------------------------------------
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_futures"] = []  # the creator keeps the actors alive; copies only call them
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
+    # pickling is the default: the transport decides what a copy carries
     def __repr__(self) -> str:
-        return f"<KnowledgeBank {self.name!r}: {self.n_shards} shards, tables {sorted(self._specs)}>"
+        return (f"<KnowledgeBank {self.name!r}: {self.n_shards} {self._transport.kind} shards, "
+                f"tables {sorted(self._specs)}>")
 
     # -- properties ---------------------------------------------------------------------------------
     @property
     def n_shards(self) -> int:
         """Number of shards."""
-        return len(self._shards)
+        return self._transport.n_shards
+
+    @property
+    def transport(self) -> Transport:
+        """What carries calls to the shards (:mod:`carls_dask.bank.transport`)."""
+        return self._transport
+
+    @property
+    def rehome_timeout(self) -> float:
+        """How long a call waits for a lost shard to come back (0 for in-process shards)."""
+        return self._transport.rehome_timeout
+
+    @rehome_timeout.setter
+    def rehome_timeout(self, seconds: float) -> None:
+        self._transport.rehome_timeout = float(seconds)
 
     @property
     def tables(self) -> dict[str, TableSpec]:
@@ -324,142 +300,29 @@ class KnowledgeBank:
             return [(routes[0][0], everything)]
         return routes
 
-    def _local_shard(self, s: int) -> Any:
-        """The shard object itself when it lives in this process (a task on its worker), else None."""
-        try:
-            from distributed import get_worker
-
-            worker = get_worker()
-        except (ImportError, ValueError):
-            return None
-        handle = self._shards[s]
-        if getattr(handle, "_address", None) != worker.address:
-            return None
-        return worker.state.actors.get(handle.key)
-
-    def _call(
-        self, calls: Sequence[tuple[int, str, tuple[Any, ...], dict[str, Any]]], timeout: float | None = None
-    ) -> list[Any]:
-        """Issue every call, then wait for all of them (each within ``timeout``, default the call timeout).
-
-        Shards living in the caller's process (a task co-located with its shard) are called directly,
-        after the remote calls have been issued.
-        """
+    def _call(self, calls: Sequence[ShardCall], timeout: float | None = None) -> list[Any]:
+        """Send every call through the transport and return the answers in order (the one path of
+        every operation). Mutating calls get the batch's operation id. ``timeout`` bounds each call
+        (default the call timeout)."""
         self._check_open()
-        calls = with_op_ids(calls)
-        local = {s: self._local_shard(s) for s in {c[0] for c in calls}}
-        # with no co-located shard, the remote calls are sent together from the event loop when awaited;
-        # otherwise they are sent now, so that they run while the co-located shards are called directly
-        deferred = all(shard is None for shard in local.values())
-        pending = [
-            (s, None if local[s] is not None else self._issue(s, method, args, kwargs, deferred))
-            for s, method, args, kwargs in calls
-        ]
-        direct = {
-            i: self._direct(local[s], method, args, kwargs)
-            for i, (s, method, args, kwargs) in enumerate(calls)
-            if local[s] is not None
-        }
-        limit = self.timeout if timeout is None else timeout
-        remote = [(i, s, fut) for i, (s, fut) in enumerate(pending) if fut is not None]
-        answers: dict[int, Any] = dict(direct)
-        if remote:
-            answers.update(zip([i for i, _, _ in remote], self._wait(remote, limit), strict=True))
-        if any(isinstance(a, _Failed) for a in answers.values()):
-            self._recover(calls, answers, limit)
-        return [answers[i] for i in range(len(calls))]
+        return self._transport.call(stamp_op_ids(calls), self.timeout if timeout is None else timeout)
 
-    @staticmethod
-    def _direct(shard: Any, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Call a co-located shard; one that was retired (its worker is closing) re-routes the call."""
-        try:
-            return getattr(shard, method)(*args, **kwargs)
-        except ShardLostError as exc:
-            return _Failed(exc)
+    def _every_shard(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
+        """``method(*args)`` on every shard (a read, or a step that carries no operation id)."""
+        return self._call([ShardCall(s, method, args) for s in range(self.n_shards)], timeout)
 
-    def _issue(
-        self, s: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any], deferred: bool = False
-    ) -> Any:
-        """Send one call to shard ``s`` (or, ``deferred``, prepare it to be sent when awaited); a handle
-        whose actor is already known lost fails here."""
-        try:
-            handle = self._shards[s]
-            if not deferred:
-                return getattr(handle, method)(*args, **kwargs)
-            future = handle._future
-            if future is not None and future.status not in ("finished", "pending"):
-                raise RuntimeError(f"Worker holding Actor was lost.  Status: {future.status}")
-            if method == "lookup" and not args[3] and not kwargs:  # a read: on the worker's event loop
-                method, args = "lookup_on_loop", args[:3]
-            return _Deferred(handle, method, args, kwargs)
-        except Exception as exc:
-            return _Failed(exc)
-
-    def _recover(self, calls: Sequence[tuple[int, str, tuple[Any, ...], dict[str, Any]]],
-                 answers: dict[int, Any], limit: float) -> None:
-        """Re-home the shards of failed calls whose worker is gone and retry those calls (same op ids).
-
-        Waits at most ``carls.bank.rehome-timeout`` per shard; errors that do not mean a lost shard
-        are raised as they are.
-        """
-        for i, answer in sorted(answers.items()):
-            if not isinstance(answer, _Failed):
-                continue
-            s, method, args, kwargs = calls[i]
-            exc = answer.exc
-            deadline = time.monotonic() + self.rehome_timeout
-            while True:
-                if not is_lost(exc):
-                    raise self._shard_error(s, exc, limit) from exc
-                handle = adopt_or_rehome(self, s, exc, deadline)
-                if handle is None:  # the shard's worker is alive: the error stands
-                    raise self._shard_error(s, exc, limit) from exc
-                try:
-                    answers[i] = getattr(handle, method)(*args, **kwargs).result(
-                        timeout=max(0.1, min(limit, deadline - time.monotonic())))
-                    break
-                except Exception as again:
-                    if time.monotonic() >= deadline:
-                        raise ShardLostError(
-                            f"bank {self.name!r}: shard {s} was not back within carls.bank.rehome-timeout "
-                            f"({self.rehome_timeout:g}s): {again!r}") from again
-                    exc = again
-
-    def _wait(self, remote: Sequence[tuple[int, int, Any]], limit: float) -> list[Any]:
-        """Wait for all actor futures in one hop to the event loop; failures come back as ``_Failed``."""
-
-        async def one(fut: Any) -> Any:
-            return await fut
-
-        async def all_of() -> list[Any]:
-            tasks = [asyncio.ensure_future(fut._run() if isinstance(fut, _Deferred) else one(fut)) for _, _, fut in remote]
-            return await watch_all(tasks, [self._shards[s] for _, s, _ in remote], limit)
-
-        issued = [s for _, s, fut in remote if not isinstance(fut, _Failed)]
-        if not issued:  # nothing reached a shard: no trip to the event loop
-            return [fut for _, _, fut in remote]
-        handle = self._shards[issued[0]]  # bound to this process's worker or client when the call was issued
-        results = run_on_loop(handle, all_of)
-        out = []
-        for res in results:
-            out.append(_Failed(res) if isinstance(res, BaseException) else res)
+    def _batch(self, routes: Sequence[tuple[int, Any]], make: Callable[[int, Any], ShardCall],
+               n: int) -> np.ndarray:
+        """One call per route; the boolean answers scattered back into ``bool[n]`` in key order."""
+        parts = self._call([make(s, idx) for s, idx in routes])
+        out = np.empty(n, dtype=bool)
+        for (_, idx), p in zip(routes, parts, strict=True):
+            out[idx] = p
         return out
-
-    def _shard_error(self, s: int, exc: BaseException, limit: float) -> BaseException:
-        if isinstance(exc, TimeoutError | asyncio.TimeoutError):
-            return DeadlineExceeded(f"bank {self.name!r}: shard {s} did not answer within {limit:g} s")
-        if isinstance(exc, OSError) and "Unable to contact Actor" in str(exc):
-            return ShardLostError(f"bank {self.name!r}: shard {s} cannot be reached ({exc})")
-        if isinstance(exc, RuntimeError) and "Worker holding Actor was lost" in str(exc):
-            return ShardLostError(f"bank {self.name!r}: shard {s} was lost with its worker")
-        return exc
 
     def _keys(self, table: str, keys: Any) -> np.ndarray:
         check_batch_size(table, "keys", len(keys) if hasattr(keys, "__len__") and not isinstance(keys, str | bytes) else 1)
-        k = to_int64_keys(keys, table)
-        if k.size == 0:
-            raise InvalidBatchError(f"table {table!r}: empty batch (0 keys); expected at least one key")
-        return k
+        return check_keys(table, to_int64_keys(keys, table))
 
     # -- operations ---------------------------------------------------------------------------------
     def lookup(
@@ -477,11 +340,16 @@ class KnowledgeBank:
         """
         spec = self.spec(table)
         names = list(spec.column_names) if columns is None else [spec.column(c).name for c in columns]
-        if max_staleness is not None and not (float(max_staleness) >= 0):
-            raise InvalidBatchError(f"table {table!r}: max_staleness must be >= 0 seconds, got {max_staleness!r}")
+        check_max_staleness(table, max_staleness)
         k = self._keys(table, keys)
         routes = self._route(k)
-        parts = self._call([(s, "lookup", (table, k[idx], names, bool(insert)), {}) for s, idx in routes])
+        if insert:  # allocates and counts: a mutating batch
+            calls = [ShardCall(s, "lookup", (table, k[idx], names), {"insert": True}, mutating=True)
+                     for s, idx in routes]
+        else:  # a read, which a remote shard serves on its worker's event loop
+            calls = [ShardCall(s, "lookup", (table, k[idx], names), loop_method="lookup_on_loop")
+                     for s, idx in routes]
+        parts = self._call(calls)
         if len(routes) == 1:
             return parts[0].result(max_staleness)
         return gather_rows([(idx, r) for (_, idx), r in zip(routes, parts, strict=True)], k.shape[0],
@@ -499,19 +367,12 @@ class KnowledgeBank:
         """Write column values (upsert; last write wins within a batch); returns distinct keys written."""
         spec = self.spec(table)
         k = self._keys(table, keys)
-        if not isinstance(values, Mapping) or not values:
-            raise InvalidBatchError(
-                f"table {table!r}: values must be a non-empty dict of column -> array, got {type(values).__name__}"
-            )
-        checked = {c: coerce_column_values(table, spec.column(c), v, k.shape[0]) for c, v in values.items()}
-        if isinstance(model_step, bool) or not isinstance(model_step, int | np.integer):
-            raise InvalidDTypeError(f"table {table!r}: model_step must be an int, got {model_step!r}")
-        if not isinstance(maker, str):
-            raise InvalidDTypeError(f"table {table!r}: maker must be a str, got {type(maker).__name__}")
+        checked = check_update(spec, k.shape[0], values, model_step, maker)
         routes = self._route(k)
         out = self._call(
             [
-                (s, "update", (table, k[idx], {c: v[idx] for c, v in checked.items()}, int(model_step), maker), {})
+                ShardCall(s, "update", (table, k[idx], {c: v[idx] for c, v in checked.items()}, int(model_step), maker),
+                          mutating=True)
                 for s, idx in routes
             ]
         )
@@ -530,66 +391,39 @@ class KnowledgeBank:
         Returns ``bool[n]``: which keys were present and updated (absent keys are skipped, as in CARLS).
         """
         spec = self.spec(table)
-        if spec.optimizer is None:
-            raise InvalidBatchError(f"table {table!r} has no optimizer; create it with optimizer='sgd', 'adagrad' or 'adam'")
         k = self._keys(table, keys)
-        g = grads if isinstance(grads, Mapping) else {column: grads}
-        if not g:
-            raise InvalidBatchError(f"table {table!r}: gradients must be a non-empty dict of column -> array")
-        checked: dict[str, np.ndarray] = {}
-        for c, v in g.items():
-            col = spec.column(c)
-            if not col.is_float:
-                raise InvalidDTypeError(
-                    f"table {table!r}, column {c!r}: gradients need a float column, but it is {col.dtype}"
-                )
-            checked[c] = coerce_column_values(table, col, v, k.shape[0], what="gradients", dtype=compute_dtype(col.np_dtype))
-        if learning_rate is not None and not (float(learning_rate) > 0 and np.isfinite(float(learning_rate))):
-            raise InvalidBatchError(f"table {table!r}: learning_rate must be a finite number > 0, got {learning_rate!r}")
-        routes = self._route(k)
-        parts = self._call(
-            [
-                (s, "apply_gradients", (table, k[idx], {c: v[idx] for c, v in checked.items()}, column, learning_rate), {})
-                for s, idx in routes
-            ]
+        checked, _ = check_gradients(spec, k.shape[0], grads, column, learning_rate)
+        return self._batch(
+            self._route(k),
+            lambda s, idx: ShardCall(
+                s, "apply_gradients", (table, k[idx], {c: v[idx] for c, v in checked.items()}, column, learning_rate),
+                mutating=True),
+            k.shape[0],
         )
-        found = np.empty(k.shape[0], dtype=bool)
-        for (_, idx), f in zip(routes, parts, strict=True):
-            found[idx] = f
-        return found
 
     def delete(self, table: str, keys: Any) -> np.ndarray:
         """Remove keys; returns ``bool[n]``, True where the key was present."""
         self.spec(table)
         k = self._keys(table, keys)
-        routes = self._route(k)
-        parts = self._call([(s, "delete", (table, k[idx]), {}) for s, idx in routes])
-        out = np.empty(k.shape[0], dtype=bool)
-        for (_, idx), p in zip(routes, parts, strict=True):
-            out[idx] = p
-        return out
+        return self._batch(self._route(k), lambda s, idx: ShardCall(s, "delete", (table, k[idx]), mutating=True),
+                           k.shape[0])
 
     def contains(self, table: str, keys: Any) -> np.ndarray:
         """``bool[n]``: whether each key is present (frequency untouched)."""
         self.spec(table)
         k = self._keys(table, keys)
-        routes = self._route(k)
-        parts = self._call([(s, "contains", (table, k[idx]), {}) for s, idx in routes])
-        out = np.empty(k.shape[0], dtype=bool)
-        for (_, idx), p in zip(routes, parts, strict=True):
-            out[idx] = p
-        return out
+        return self._batch(self._route(k), lambda s, idx: ShardCall(s, "contains", (table, k[idx])), k.shape[0])
 
     def size(self, table: str | None = None) -> int:
         """Rows in ``table`` (or in all tables) over all shards."""
         if table is not None:
             self.spec(table)
-        return int(sum(self._call([(s, "size", (table,), {}) for s in range(self.n_shards)])))
+        return int(sum(self._every_shard("size", table)))
 
     def keys(self, table: str) -> np.ndarray:
         """All keys of ``table`` (shard by shard)."""
         self.spec(table)
-        parts = self._call([(s, "keys", (table,), {}) for s in range(self.n_shards)])
+        parts = self._every_shard("keys", table)
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
     def sample_negatives(
@@ -608,15 +442,13 @@ class KnowledgeBank:
         vocabulary tables, not for tables of many millions of rows.
         """
         self.spec(table)
-        if isinstance(n, bool) or not isinstance(n, int | np.integer):
-            raise InvalidDTypeError(f"table {table!r}: sample size must be an int, got {n!r}")
-        check_batch_size(table, "samples", int(n))
-        parts = self._call([(s, "keys_and_frequency", (table,), {}) for s in range(self.n_shards)])
+        n = check_sample_size(table, n)
+        parts = self._every_shard("keys_and_frequency", table)
         keys = np.concatenate([p[0] for p in parts])
         freq = np.concatenate([p[1] for p in parts])
         tk = None if true_keys is None else to_int64_keys(true_keys, table)
         return sample_candidates(
-            table, order_by_frequency(keys, freq), int(n), sampler=sampler, unique=unique,
+            table, order_by_frequency(keys, freq), n, sampler=sampler, unique=unique,
             true_keys=tk, rng=np.random.default_rng(seed),
         )
 
@@ -630,18 +462,9 @@ class KnowledgeBank:
         InvalidBatchError
             If the table holds fewer than ``k`` usable rows (CARLS needs exactly ``k`` results).
         """
-        spec = self.spec(table)
-        col = spec.column(column)
         q = np.asarray(query)
-        if q.ndim == 1:
-            q = q[None, :]
-        if q.ndim != 2 or len(col.shape) != 1 or q.shape[1] != col.shape[0] or q.shape[0] == 0:
-            raise InvalidShapeError(
-                f"table {table!r}, column {column!r}: query has shape {np.asarray(query).shape}; expected (q>0, {col.shape})"
-            )
-        if isinstance(k, int | np.integer) and not isinstance(k, bool):
-            check_batch_size(table, "top-k results (queries x k)", q.shape[0] * int(k))
-        parts = self._call([(s, "top_k", (table, q, int(k), column, metric), {}) for s in range(self.n_shards)])
+        q = check_top_k_query(self.spec(table), q[None, :] if q.ndim == 1 else q, k, column, metric)
+        parts = self._every_shard("top_k", table, q, int(k), column, metric)
         keys = np.concatenate([p[0] for p in parts], axis=1)
         scores = np.concatenate([p[1] for p in parts], axis=1)
         if keys.shape[1] < int(k):
@@ -653,7 +476,7 @@ class KnowledgeBank:
 
     def stats(self) -> dict[str, Any]:
         """Rows and memory per shard and table, plus totals."""
-        per = self._call([(s, "stats", (), {}) for s in range(self.n_shards)])
+        per = self._every_shard("stats")
         totals: dict[str, dict[str, int]] = {}
         for st in per:
             for t, info in st["tables"].items():
@@ -661,11 +484,11 @@ class KnowledgeBank:
                 for f in tot:
                     tot[f] += int(info[f])
         return {"name": self.name, "n_shards": self.n_shards, "buckets": self.buckets, "shards": per, "tables": totals,
-                "rehoming": rehome_stats(self)}
+                "transport": self._transport.kind, "rehoming": self._transport.rehoming()}
 
     def set_step(self, step: int) -> None:
         """Tell every shard the current training step (recorded with delta-log records)."""
-        self._call([(s, "set_step", (int(step),), {}) for s in range(self.n_shards)])
+        self._every_shard("set_step", int(step))
 
     # -- persistence --------------------------------------------------------------------------------
     def export_state(self) -> list[dict[str, Any]]:
@@ -677,7 +500,7 @@ class KnowledgeBank:
         ``col/*`` and ``slot/<column>/<slot>``. Rows come in each shard's storage order. Everything
         is copied to the client, so this is meant for tests, checks and small banks.
         """
-        return list(self._call([(s, "export_state", (), {}) for s in range(self.n_shards)]))
+        return self._every_shard("export_state")
 
     def snapshot(self, root: str, step: int, *, timeout: float | None = None, **snapshot_kwargs: Any) -> int:
         """Write a committed snapshot of every shard under ``root``; returns its version.
@@ -695,9 +518,8 @@ class KnowledgeBank:
             **snapshot_kwargs,
         }
         handle = begin_snapshot(root, int(step), **kwargs)
-        self._call([(s, "set_step", (int(step),), {}) for s in range(self.n_shards)])
-        self._call([(s, "snapshot", (handle,), {}) for s in range(self.n_shards)],
-                   timeout=10 * self.timeout if timeout is None else timeout)
+        self._every_shard("set_step", int(step))
+        self._every_shard("snapshot", handle, timeout=10 * self.timeout if timeout is None else timeout)
         entry = commit_snapshot(
             handle,
             {
@@ -724,52 +546,86 @@ class KnowledgeBank:
         replay_log: bool = True,
         timeout: float | str | None = None,
     ) -> KnowledgeBank:
-        """Start a bank from snapshot ``version`` (newest by default) of ``root``, on any shard count.
+        """Start a bank of Dask actors from snapshot ``version`` (newest by default) of ``root``, on any shard count.
 
         Each new shard reads the rows of the buckets it owns from the snapshot and then replays the
         delta log recorded after it (``replay_log``). Optimizer slots and provenance come back exactly.
+        :meth:`restore_local` does the same into in-process shards.
         """
+        man, specs, owner, buckets = cls._read_plan(root, version, n_shards)
+        t = config.get_seconds("bank.call-timeout", timeout)
+        bank = cls._start(
+            client, specs, owner, buckets, workers, cls._restored_name(man, name, "bank"),
+            log_root=log_root, log_sync=log_sync,
+            initial_capacity=int(config.get("bank.initial-capacity")), timeout=t,
+        )
+        bank._load(root, man, replay_log, 10 * t)
+        if log_root is not None and str(log_root) != str(root):
+            set_base(client, bank.name, str(root), int(man["version"]))
+        return bank
+
+    @classmethod
+    def restore_local(
+        cls,
+        root: str,
+        n_shards: int | None = None,
+        version: int | None = None,
+        *,
+        name: str | None = None,
+        log_root: str | None = None,
+        log_sync: bool = True,
+        replay_log: bool = True,
+    ) -> KnowledgeBank:
+        """Start an in-process bank (as :meth:`local`) from snapshot ``version`` of ``root``, on any shard count.
+
+        The same as :meth:`restore` without a cluster: each shard reads its buckets' rows and
+        replays the delta log recorded after the snapshot (``replay_log``).
+        """
+        man, specs, owner, buckets = cls._read_plan(root, version, n_shards)
+        bank = cls._start_local(specs, owner, buckets, cls._restored_name(man, name, "local"), log_root=log_root,
+                                log_sync=log_sync, initial_capacity=int(config.get("bank.initial-capacity")))
+        bank._load(root, man, replay_log, None)
+        return bank
+
+    @staticmethod
+    def _read_plan(root: str, version: int | None,
+                   n_shards: int | None) -> tuple[dict[str, Any], list[TableSpec], np.ndarray, int]:
+        """The manifest of the snapshot to restore, its table specs, the new owner map and bucket count."""
         from carls_dask.storage.snapshots import read_manifest
 
         man = read_manifest(root, version)
-        meta = man.get("meta", {})
-        specs = [TableSpec.from_json(t) for t in meta["tables"].values()]
+        specs = [TableSpec.from_json(t) for t in man.get("meta", {})["tables"].values()]
         buckets = int(man["buckets"])
         n = int(n_shards if n_shards is not None else man["n_shards"])
         if n < 1 or n > buckets:
             raise InvalidBatchError(f"restore of {root}: n_shards={n}; expected 1 <= n_shards <= {buckets}")
-        t = config.get_seconds("bank.call-timeout", timeout)
-        bank = cls._start(
-            client, specs, _owner_map(buckets, n), buckets, workers,
-            name or str(meta.get("name", f"bank-{uuid.uuid4().hex[:8]}")) + f"-r{uuid.uuid4().hex[:4]}",
-            log_root=log_root, log_sync=log_sync,
-            initial_capacity=int(config.get("bank.initial-capacity")), timeout=t,
-        )
+        return man, specs, _owner_map(buckets, n), buckets
+
+    @staticmethod
+    def _restored_name(man: Mapping[str, Any], name: str | None, prefix: str) -> str:
+        if name:
+            return name
+        return str(man.get("meta", {}).get("name", f"{prefix}-{uuid.uuid4().hex[:8]}")) + f"-r{uuid.uuid4().hex[:4]}"
+
+    def _load(self, root: str, man: Mapping[str, Any], replay_log: bool, timeout: float | None) -> None:
+        """Have every (new, empty) shard read its rows from snapshot ``man`` of ``root``; closes the bank on failure."""
         try:
-            done = bank._call([(s, "restore", (str(root), int(man["version"]), replay_log), {}) for s in range(n)],
-                              timeout=10 * t)
+            done = self._every_shard("restore", str(root), int(man["version"]), replay_log, timeout=timeout)
         except BaseException:
-            bank.close()
+            self.close()
             raise
-        if log_root is not None and str(log_root) != str(root):
-            set_base(client, bank.name, str(root), int(man["version"]))
-        logger.info("bank %s restored from v%d of %s: %s", bank.name, man["version"], root, done)
-        return bank
+        logger.info("bank %s restored from v%d of %s: %s", self.name, man["version"], root, done)
 
     def close(self) -> None:
         """Release the shards (their delta logs are closed first). Idempotent."""
         if self._closed:
             return
         try:
-            if self._futures:
-                self._call([(s, "close", (), {}) for s in range(self.n_shards)])
+            if self._transport.owns_shards:
+                self._every_shard("close")
         finally:
             self._closed = True
-            if self._futures:
-                forget_table(self)
-            for f in self._futures:
-                f.release()
-            self._futures = []
+            self._transport.release()
 
     def __enter__(self) -> KnowledgeBank:
         return self

@@ -24,22 +24,25 @@ from carls_dask.bank.hashing import (
     uniform_from_keys,
 )
 from carls_dask.bank.keyindex import KeyIndex
-from carls_dask.bank.optimizers import STEP_SLOT, apply_optimizer, compute_dtype, initial_slots
+from carls_dask.bank.optimizers import STEP_SLOT, apply_optimizer, initial_slots
 from carls_dask.bank.sampling import NegativeSample, order_by_frequency, sample_candidates
 from carls_dask.bank.schema import (
     Column,
     TableSpec,
-    check_finite,
+    check_gradients,
     check_keys,
+    check_max_staleness,
+    check_sample_size,
+    check_top_k_query,
+    check_update,
     coerce_column_values,
     unknown_table,
 )
-from carls_dask.bank.topk import METRICS, exact_top_k
+from carls_dask.bank.topk import exact_top_k
 from carls_dask.storage.errors import (
     IncompatibleStoreError,
     InvalidBatchError,
     InvalidDTypeError,
-    InvalidShapeError,
 )
 
 __all__ = ["STATE_FORMAT", "LookupResult", "LookupRows", "ShardCore", "TableState", "gather_rows"]
@@ -431,8 +434,7 @@ class ShardCore:
         max_staleness
             Seconds; rows written longer ago are flagged in ``stale``.
         """
-        if max_staleness is not None and not (float(max_staleness) >= 0):
-            raise InvalidBatchError(f"table {table!r}: max_staleness must be >= 0 seconds, got {max_staleness!r}")
+        check_max_staleness(table, max_staleness)
         return self.lookup_rows(table, keys, columns, insert).result(max_staleness)
 
     def lookup_rows(
@@ -529,17 +531,9 @@ class ShardCore:
             The unique keys written.
         """
         t = self.table(table)
-        if not isinstance(values, Mapping) or not values:
-            raise InvalidBatchError(
-                f"table {table!r}: values must be a non-empty dict of column -> array, got {type(values).__name__}"
-            )
         k, b, h = self._keys(t, keys)
         n = k.shape[0]
-        checked = {name: coerce_column_values(table, t.spec.column(name), v, n) for name, v in values.items()}
-        if isinstance(model_step, bool) or not isinstance(model_step, int | np.integer):
-            raise InvalidDTypeError(f"table {table!r}: model_step must be an int, got {model_step!r}")
-        if not isinstance(maker, str):
-            raise InvalidDTypeError(f"table {table!r}: maker must be a str, got {type(maker).__name__}")
+        checked = check_update(t.spec, n, values, model_step, maker)
         code = self.maker_code(maker)
         now = self.clock()
         rev_uniq, rev_first = np.unique(k[::-1], return_index=True)
@@ -585,25 +579,9 @@ class ShardCore:
         """
         t = self.table(table)
         spec = t.spec
-        if spec.optimizer is None:
-            raise InvalidBatchError(f"table {table!r} has no optimizer; create it with optimizer='sgd', 'adagrad' or 'adam'")
-        if not isinstance(grads, Mapping):
-            grads = {column: grads}
-        if not grads:
-            raise InvalidBatchError(f"table {table!r}: gradients must be a non-empty dict of column -> array")
-        lr = spec.learning_rate if learning_rate is None else learning_rate
-        if lr is None or not (float(lr) > 0) or not math.isfinite(float(lr)):
-            raise InvalidBatchError(f"table {table!r}: learning_rate must be a finite number > 0, got {lr!r}")
         k, _, h = self._keys(t, keys)
         n = k.shape[0]
-        checked: dict[str, np.ndarray] = {}
-        for name, g in grads.items():
-            col = spec.column(name)
-            if not col.is_float:
-                raise InvalidDTypeError(
-                    f"table {table!r}, column {name!r}: gradients need a float column, but it is {col.dtype}"
-                )
-            checked[name] = coerce_column_values(table, col, g, n, what="gradients", dtype=compute_dtype(col.np_dtype))
+        checked, lr = check_gradients(spec, n, grads, column, learning_rate)
         rows = t.index.find(k, t.keys, h)
         found = rows >= 0
         if not found.any():
@@ -695,8 +673,7 @@ class ShardCore:
         seed: int | None = None,
     ) -> NegativeSample:
         """Sample candidates from this shard's keys (see :func:`carls_dask.bank.sampling.sample_candidates`)."""
-        if isinstance(n, bool) or not isinstance(n, int | np.integer):
-            raise InvalidDTypeError(f"table {table!r}: sample size must be an int, got {n!r}")
+        n = check_sample_size(table, n)
         keys, freq = self.keys_and_frequency(table)
         tk = None if true_keys is None else check_keys(table, true_keys, allow_empty=True)
         return sample_candidates(
@@ -720,24 +697,7 @@ class ShardCore:
         (see :func:`carls_dask.bank.topk.exact_top_k`).
         """
         t = self.table(table)
-        col = t.spec.column(column)
-        if metric not in METRICS:
-            raise InvalidBatchError(f"table {table!r}: metric {metric!r} is unknown; expected one of {METRICS}")
-        if len(col.shape) != 1 or not col.is_float:
-            raise InvalidShapeError(
-                f"table {table!r}, column {column!r}: top_k needs a float vector column, got {col.dtype}{list(col.shape)}"
-            )
-        q = np.asarray(query)
-        if q.ndim != 2 or q.shape[1] != col.shape[0] or q.shape[0] == 0:
-            raise InvalidShapeError(
-                f"table {table!r}, column {column!r}: query has shape {q.shape}; expected (q>0, {col.shape[0]})"
-            )
-        if q.dtype.kind not in "iuf":
-            raise InvalidDTypeError(f"table {table!r}: query of dtype {q.dtype} is not numeric")
-        q = q.astype(np.float32)
-        check_finite(table, column, "query", q)
-        if isinstance(k, bool) or int(k) <= 0:
-            raise InvalidBatchError(f"table {table!r}: k must be a positive int, got {k!r}")
+        q = check_top_k_query(t.spec, query, k, column, metric)
         return exact_top_k(t.cols[column][: t.n], t.keys[: t.n], q, int(k), metric, backend="auto")
 
     # -- state ------------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ maker task) holds its own actor handles. When a call fails because the shard's w
 that copy:
 
 1. takes the bank's named :class:`distributed.Lock` (within ``carls.bank.rehome-timeout``);
-2. re-reads the table: if another copy already re-homed the shard, it adopts the new actor;
+2. re-reads the table: if another copy already re-homed the shard, it adopts the new actor (in its
+   own :class:`~carls_dask.bank.transport.ShardTable`);
 3. otherwise it starts a new :class:`~carls_dask.bank.actor.BankShard` actor on a live worker,
    which rebuilds itself from the bank store (newest snapshot plus the delta log after it), keeps
    the actor alive through a per-shard Variable that holds its future, and publishes the new table;
@@ -20,12 +21,14 @@ batch that was logged but whose answer was lost with the old process is recognis
 not applied twice (``apply_gradients`` is not re-applied, ``lookup(insert=True)`` does not count the
 keys again). A batch that never reached the log is simply applied on the retry. Batches of a
 co-located task die with the task.
+
+Every contact with the actors themselves (starting one, building a handle, asking whether one is
+alive, the actors living on a worker) goes through :mod:`carls_dask.bank.transport`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,48 +36,31 @@ from typing import Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from carls_dask import config
+from carls_dask.bank.transport import (
+    ShardTable,
+    actor_alive,
+    actor_handle,
+    start_shard,
+    worker_actors,
+    worker_client,
+)
 from carls_dask.storage.errors import DeadlineExceeded, LifecycleError, ShardLostError
 
 __all__ = [
-    "MUTATING",
+    "WalltimePlugin",
     "adopt_or_rehome",
     "forget_table",
-    "is_lost",
-    "new_op_id",
+    "install_walltime_plugin",
     "publish_table",
     "read_table",
     "rehome_stats",
-    "watch_all",
-    "with_op_ids",
+    "retire_worker_shards",
+    "set_base",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: Shard methods that change state; the client gives each such call an operation id.
-MUTATING = frozenset({"update", "apply_gradients", "delete", "lookup"})
-_LOOKUP_INSERT_ARG = 3  # position of ``insert`` in BankShard.lookup's arguments after ``self``
 _EVENTS_KEPT = 20
-
-
-def new_op_id() -> int:
-    """A random positive 63-bit operation id."""
-    return int.from_bytes(os.urandom(8), "little") >> 1
-
-
-def with_op_ids(
-    calls: Sequence[tuple[int, str, tuple[Any, ...], dict[str, Any]]],
-) -> list[tuple[int, str, tuple[Any, ...], dict[str, Any]]]:
-    """The calls with an ``op_id`` keyword on every mutating one (one id per batch, shared by its shards)."""
-    op: int | None = None
-    out = []
-    for s, method, args, kwargs in calls:
-        mutating = method in MUTATING and (method != "lookup" or bool(args[_LOOKUP_INSERT_ARG]))
-        if mutating and "op_id" not in kwargs:
-            if op is None:
-                op = new_op_id()
-            kwargs = {**kwargs, "op_id": op}
-        out.append((s, method, args, kwargs))
-    return out
 
 
 def table_name(bank_name: str) -> str:
@@ -90,19 +76,9 @@ def _holder_name(bank_name: str, shard: int) -> str:
     return f"carls-bank-{bank_name}-shard-{shard}"
 
 
-def _client(bank: Any) -> Any:
-    from distributed import get_client
-
-    client = vars(bank).get("_dask_client")
-    if client is None:
-        client = getattr(next(iter(bank._shards), None), "_client", None)
-    return client if client is not None else get_client()
-
-
 def publish_table(
     client: Any,
-    name: str,
-    handles: Sequence[Any],
+    shards: ShardTable,
     tables: Sequence[Mapping[str, Any]],
     owned: Sequence[Sequence[int]],
     *,
@@ -116,10 +92,10 @@ def publish_table(
     from distributed import Variable
 
     table = {
-        "name": name,
-        "keys": [str(h.key) for h in handles],
-        "addresses": [str(h._address) for h in handles],
-        "generation": [0] * len(handles),
+        "name": shards.name,
+        "keys": shards.keys,
+        "addresses": shards.addresses,
+        "generation": list(shards.generations),
         "tables": [dict(t) for t in tables],
         "owned": [[int(b) for b in o] for o in owned],
         "buckets": int(buckets),
@@ -130,7 +106,7 @@ def publish_table(
         "rehomed": 0,
         "events": [],
     }
-    Variable(table_name(name), client=client).set(table)
+    Variable(table_name(shards.name), client=client).set(table)
     return table
 
 
@@ -164,123 +140,28 @@ def set_base(client: Any, name: str, root: str, version: int) -> None:
     Variable(table_name(name), client=client).set(table)
 
 
-def forget_table(bank: Any) -> None:
+def forget_table(shards: ShardTable) -> None:
     """Delete the bank's table and the holders of re-homed shards (at close)."""
     from distributed import Variable
 
     try:
-        client = _client(bank)
-        table = read_table(client, bank.name, timeout=2.0)
+        client = shards.dask_client()
+        table = read_table(client, shards.name, timeout=2.0)
         for s, gen in enumerate(table["generation"]):
             if gen:
-                Variable(_holder_name(bank.name, s), client=client).delete()
-        Variable(table_name(bank.name), client=client).delete()
+                Variable(_holder_name(shards.name, s), client=client).delete()
+        Variable(table_name(shards.name), client=client).delete()
     except Exception:  # closing: nothing to report the failure to but the log
-        logger.debug("bank %s: could not delete its shard table", bank.name, exc_info=True)
+        logger.debug("bank %s: could not delete its shard table", shards.name, exc_info=True)
 
 
-def rehome_stats(bank: Any) -> dict[str, Any]:
+def rehome_stats(shards: ShardTable) -> dict[str, Any]:
     """Re-homings of the bank so far: ``count``, ``generation`` per shard and the newest ``events``."""
     try:
-        table = read_table(_client(bank), bank.name, timeout=2.0)
+        table = read_table(shards.dask_client(), shards.name, timeout=2.0)
     except LifecycleError:
-        return {"count": 0, "generation": [0] * bank.n_shards, "events": []}
+        return {"count": 0, "generation": [0] * len(shards), "events": []}
     return {"count": int(table["rehomed"]), "generation": list(table["generation"]), "events": list(table["events"])}
-
-
-def is_lost(exc: BaseException) -> bool:
-    """Whether ``exc`` from a shard call may mean the shard's worker is gone (then the scheduler is asked).
-
-    Dask raises ``RuntimeError("Worker holding Actor was lost ...")`` for a handle whose actor
-    future failed, ``OSError("Unable to contact Actor's worker")`` (or a ``CommClosedError``)
-    when the connection breaks, and the actor future's own error or a cancellation while a call
-    waits on it. The bank's own errors (bad input, store errors) never mean a lost shard.
-    """
-    import asyncio
-
-    from distributed.scheduler import KilledWorker
-
-    from carls_dask.storage.errors import CarlsError
-
-    if isinstance(exc, ShardLostError):
-        return True
-    if isinstance(exc, CarlsError):
-        return False
-    return isinstance(exc, OSError | RuntimeError | asyncio.CancelledError | KilledWorker | TimeoutError)
-
-
-_WATCH_INTERVAL = 0.5  # seconds between checks of a waited-on shard's actor future
-
-
-def _gone(handle: Any) -> bool:
-    future = getattr(handle, "_future", None)
-    return future is not None and future.status not in ("finished", "pending")
-
-
-async def watch_all(tasks: Sequence[Any], handles: Sequence[Any], limit: float) -> list[Any]:
-    """Await shard calls for at most ``limit`` seconds each, failing a call early if its actor is lost.
-
-    ``tasks[i]`` (an :class:`asyncio.Task`) is a call to the actor of ``handles[i]``. A call in flight
-    when its worker dies may never resolve (Dask leaves the call's future unset when the actor's own
-    future is cancelled), so while calls are waited for, the actor futures' status is checked every
-    half second and the scheduler is asked every two seconds whether a worker still holds each
-    actor. Returns each call's answer, or the exception it ended with (:class:`ShardLostError` for a
-    lost actor, :class:`TimeoutError` past ``limit``).
-    """
-    import asyncio
-
-    loop = asyncio.get_running_loop()
-    end = loop.time() + limit
-    out: dict[int, Any] = {}
-    pending = {t: i for i, t in enumerate(tasks)}
-    rounds = 0
-    while pending:
-        done, _ = await asyncio.wait(set(pending), timeout=max(0.0, min(_WATCH_INTERVAL, end - loop.time())))
-        for t in done:
-            i = pending.pop(t)
-            out[i] = asyncio.CancelledError() if t.cancelled() else (t.exception() or t.result())
-        if not pending:
-            break
-        rounds += 1
-        for t, i in list(pending.items()):
-            handle = handles[i]
-            lost = _gone(handle)
-            if not lost and rounds % 4 == 0:  # every 2 s: does the scheduler still know the actor's worker?
-                try:
-                    who = await handle._scheduler_rpc.who_has(keys=[handle.key])
-                    lost = not who.get(handle.key)
-                except Exception:  # the scheduler did not answer: keep waiting for the call
-                    logger.debug("who_has of %s failed", handle.key, exc_info=True)
-            if lost or loop.time() >= end:
-                t.cancel()
-                pending.pop(t)
-                out[i] = (ShardLostError(f"bank shard actor {handle.key}: its worker was lost while a call waited")
-                          if lost else TimeoutError(f"no answer within {limit:g}s"))
-    return [out[i] for i in range(len(tasks))]
-
-
-def run_on_loop(handle: Any, fn: Any) -> Any:
-    """Run coroutine function ``fn`` on the event loop of the client or worker ``handle`` is bound to.
-
-    ``Actor._sync`` needs ``Worker.thread_id``, which a worker does not set, so a handle bound to a
-    worker but to no client (deserialised outside a task) cannot use it.
-    """
-    from distributed.utils import sync
-
-    client = vars(handle).get("_client")
-    if client is not None:
-        return client.sync(fn)
-    worker = vars(handle).get("_worker")
-    if worker is None:
-        from distributed import get_worker
-
-        worker = get_worker()
-    return sync(worker.loop, fn)
-
-
-def _actor_alive(client: Any, key: str) -> bool:
-    who = client.who_has([key])
-    return bool(who.get(key))
 
 
 def _live_workers(client: Any, exclude: Sequence[str]) -> list[str]:
@@ -288,13 +169,14 @@ def _live_workers(client: Any, exclude: Sequence[str]) -> list[str]:
     return sorted(a for a, w in info.items() if a not in exclude and w.get("status", "running") == "running")
 
 
-def adopt_or_rehome(bank: Any, s: int, failed: BaseException | None, deadline: float,
-                    *, exclude: Sequence[str] = (), reason: str | None = None) -> Any:
-    """Make ``bank._shards[s]`` a live actor again; returns the handle.
+def adopt_or_rehome(shards: ShardTable, s: int, failed: BaseException | None, deadline: float, *, limit: float,
+                    exclude: Sequence[str] = (), reason: str | None = None) -> Any:
+    """Make shard ``s`` of ``shards`` a live actor again; returns its handle.
 
     Another copy's re-homing is adopted; otherwise a new shard is started and restored (see the
-    module notes). ``deadline`` is a :func:`time.monotonic` time. Returns None when ``failed`` did
-    not come from a lost shard (its actor is still held by a live worker).
+    module notes). ``deadline`` is a :func:`time.monotonic` time; ``limit`` the configured
+    ``carls.bank.rehome-timeout`` (for messages). Returns None when ``failed`` did not come from a
+    lost shard (its actor is still held by a live worker).
 
     Raises
     ------
@@ -303,44 +185,38 @@ def adopt_or_rehome(bank: Any, s: int, failed: BaseException | None, deadline: f
     """
     from distributed import Lock
 
-    client = _client(bank)
-    old = bank._shards[s]
+    from carls_dask.bank.actor import BankShard
+
+    client = shards.dask_client()
+    old_key = shards.keys[s]
     left = deadline - time.monotonic()
-    lock = Lock(_lock_name(bank.name))
+    lock = Lock(_lock_name(shards.name))
     if not lock.acquire(timeout=max(0.1, left)):
-        raise ShardLostError(f"bank {bank.name!r}: shard {s} is being re-homed by another client and was not back "
-                             f"within carls.bank.rehome-timeout ({bank.rehome_timeout:g}s)")
+        raise ShardLostError(f"bank {shards.name!r}: shard {s} is being re-homed by another client and was not back "
+                             f"within carls.bank.rehome-timeout ({limit:g}s)")
     try:
-        table = read_table(client, bank.name)
-        if table["keys"][s] != str(old.key):  # another copy re-homed it already
-            handle = _handle(table["keys"][s], table["addresses"][s])
-            bank._shards[s] = handle
-            logger.info("bank %s: shard %d adopted at %s (generation %d)", bank.name, s, table["addresses"][s],
+        table = read_table(client, shards.name)
+        if table["keys"][s] != old_key:  # another copy re-homed it already
+            handle = actor_handle(BankShard, table["keys"][s], table["addresses"][s])
+            shards.replace(s, handle, int(table["generation"][s]))
+            logger.info("bank %s: shard %d adopted at %s (generation %d)", shards.name, s, table["addresses"][s],
                         table["generation"][s])
             return handle
-        if failed is not None and not isinstance(failed, ShardLostError) and _actor_alive(client, str(old.key)):
+        if failed is not None and not isinstance(failed, ShardLostError) and actor_alive(client, old_key):
             return None  # the worker is alive: not a lost shard
-        return _rehome(bank, client, table, s, deadline, exclude=exclude,
+        return _rehome(shards, client, table, s, deadline, limit=limit, exclude=exclude,
                        reason=reason or (repr(failed) if failed is not None else "lost"))
     finally:
         lock.release()
 
 
-def _handle(key: str, address: str) -> Any:
-    from distributed.actor import Actor
-
-    from carls_dask.bank.actor import BankShard
-
-    return Actor(BankShard, address, key)
-
-
-def _rehome(bank: Any, client: Any, table: dict[str, Any], s: int, deadline: float,
-            *, exclude: Sequence[str], reason: str) -> Any:
+def _rehome(shards: ShardTable, client: Any, table: dict[str, Any], s: int, deadline: float,
+            *, limit: float, exclude: Sequence[str], reason: str) -> Any:
     from distributed import Variable
 
     from carls_dask.bank.actor import BankShard
 
-    name = bank.name
+    name = shards.name
     root = table["log_root"]
     if root is None:
         raise ShardLostError(f"bank {name!r}: shard {s} was lost ({reason}) and cannot be re-homed: the bank has no "
@@ -355,16 +231,14 @@ def _rehome(bank: Any, client: Any, table: dict[str, Any], s: int, deadline: flo
             break
         if time.monotonic() >= deadline:
             raise ShardLostError(f"bank {name!r}: shard {s} lost and no live worker joined within "
-                                 f"carls.bank.rehome-timeout ({bank.rehome_timeout:g}s)")
+                                 f"carls.bank.rehome-timeout ({limit:g}s)")
         time.sleep(0.2)
     load = {w: sum(a == w for i, a in enumerate(table["addresses"]) if i != s) for w in workers}
     target = min(workers, key=lambda w: (load[w], w))
     gen = int(table["generation"][s]) + 1
-    fut = client.submit(
-        BankShard, table["tables"], s, len(table["keys"]), table["buckets"], table["owned"][s],
-        table["initial_capacity"], root, table["log_sync"],
-        actor=True, workers=[target], allow_other_workers=False, key=f"{name}-shard-{s}-g{gen}", pure=False,
-    )
+    args = (table["tables"], s, len(table["keys"]), table["buckets"], table["owned"][s],
+            table["initial_capacity"], root, table["log_sync"])
+    fut = start_shard(client, BankShard, args, target, f"{name}-shard-{s}-g{gen}")
     try:
         handle = fut.result(timeout=max(0.1, deadline - time.monotonic()))
         base = tuple(table["base"]) if table["base"] else None
@@ -372,7 +246,7 @@ def _rehome(bank: Any, client: Any, table: dict[str, Any], s: int, deadline: flo
     except TimeoutError as exc:
         fut.release()
         raise DeadlineExceeded(f"bank {name!r}: re-homed shard {s} was not restored on {target} within "
-                               f"carls.bank.rehome-timeout ({bank.rehome_timeout:g}s)") from exc
+                               f"carls.bank.rehome-timeout ({limit:g}s)") from exc
     except BaseException:
         fut.release()
         raise
@@ -388,7 +262,7 @@ def _rehome(bank: Any, client: Any, table: dict[str, Any], s: int, deadline: flo
              "restore_s": float(info["seconds"]), "rehome_s": pause, "time": time.time()}
     table["events"] = [*table["events"], event][-_EVENTS_KEPT:]
     Variable(table_name(name), client=client).set(table)
-    bank._shards[s] = handle
+    shards.replace(s, handle, gen)
     logger.warning("bank %s: shard %d re-homed %s -> %s (generation %d, %d rows + %d delta records, %.2fs)",
                    name, s, dead, target, gen, info["rows"], info["records"], pause)
     return handle
@@ -404,23 +278,26 @@ def retire_worker_shards(worker: Any, reason: str, timeout: float | None = None)
     from carls_dask.bank.actor import BankShard
 
     limit = config.get_seconds("bank.rehome-timeout", timeout)
-    client = worker._get_client()
+    client = worker_client(worker)
     out = []
-    for key, obj in list(worker.state.actors.items()):
+    for key, obj in worker_actors(worker).items():
         if not isinstance(obj, BankShard):
             continue
         name = _bank_of(str(key))
         if name is None:
             continue
         try:
-            read_table(client, name, timeout=2.0)
+            table = read_table(client, name, timeout=2.0)
         except LifecycleError:
             continue  # the bank was closed: nothing to keep
         obj.retire(reason)
-        view = _View(name, obj.core.shard, _handle(str(key), worker.address), limit, client)
-        adopt_or_rehome(view, obj.core.shard, None, time.monotonic() + limit, exclude=[worker.address],
-                        reason=reason)
-        out.append(rehome_stats(view)["events"][-1])
+        shards = ShardTable.from_keys(name, BankShard, table["keys"], table["addresses"], table["generation"],
+                                      client=client)
+        s = obj.core.shard  # this worker's actor, which may be older than the table's (then it is adopted)
+        shards.replace(s, actor_handle(BankShard, str(key), worker.address), shards.generations[s])
+        adopt_or_rehome(shards, s, None, time.monotonic() + limit, limit=limit,
+                        exclude=[worker.address], reason=reason)
+        out.append(rehome_stats(shards)["events"][-1])
     return out
 
 
@@ -469,7 +346,7 @@ class WalltimePlugin(WorkerPlugin):
                     logger.warning("worker %s: re-homed %d bank shard(s) before its lifetime ends",
                                    worker.address, len(events))
 
-        self._task = asyncio.ensure_future(run())
+        self._task = asyncio.get_running_loop().create_task(run())
 
     def teardown(self, worker: Any) -> None:
         """Cancel the timer."""
@@ -486,14 +363,3 @@ def _bank_of(key: str) -> str | None:
     """The bank name in a shard actor's key (``<bank>-shard-<s>`` or ``<bank>-shard-<s>-g<gen>``)."""
     head, sep, _ = key.rpartition("-shard-")
     return head if sep else None
-
-
-class _View:
-    """Just enough of a KnowledgeBank for :func:`adopt_or_rehome` (used where no client copy exists)."""
-
-    def __init__(self, name: str, shard: int, handle: Any, limit: float, client: Any) -> None:
-        self.name = name
-        self.rehome_timeout = limit
-        self._shards = {shard: handle}
-        self._dask_client = client
-        self.n_shards = shard + 1

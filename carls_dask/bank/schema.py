@@ -1,7 +1,10 @@
 """Table and column descriptions of the knowledge bank, and batch validation against them.
 
 Everything here is pure: no Dask, no I/O. The same validation runs in the client (before a batch is
-fanned out, so a bad batch reaches no shard) and in the shard core (so a shard never trusts its caller).
+fanned out, so a bad batch reaches no shard) and in the shard core (so a shard never trusts its caller):
+each check (``check_update``, ``check_gradients``, ``check_learning_rate``, ``check_sample_size``,
+``check_top_k_query``, ``check_max_staleness``, ...) is written once here and called by both, so both
+raise the same error type with the same message.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.bank.optimizers import compute_dtype
+from carls_dask.bank.topk import METRICS
 from carls_dask.storage.errors import (
     InvalidBatchError,
     InvalidDTypeError,
@@ -27,9 +32,17 @@ __all__ = [
     "PROVENANCE",
     "Column",
     "TableSpec",
+    "check_batch_size",
     "check_finite",
+    "check_gradients",
     "check_keys",
+    "check_learning_rate",
+    "check_max_staleness",
+    "check_sample_size",
+    "check_top_k_query",
+    "check_update",
     "coerce_column_values",
+    "gradient_dtype",
     "nodes_table",
 ]
 
@@ -428,3 +441,138 @@ def check_columns_given(table: TableSpec, names: Sequence[str]) -> None:
 def unknown_table(name: str, known: Sequence[str]) -> UnknownTableError:
     """Build the error for a table name the bank does not hold."""
     return UnknownTableError(f"unknown table {name!r}; the bank holds tables {sorted(known)}")
+
+
+def check_max_staleness(table: str, max_staleness: float | None) -> None:
+    """Raise :class:`InvalidBatchError` unless ``max_staleness`` is None or a number of seconds >= 0."""
+    if max_staleness is not None and not (float(max_staleness) >= 0):
+        raise InvalidBatchError(f"table {table!r}: max_staleness must be >= 0 seconds, got {max_staleness!r}")
+
+
+def check_update(
+    spec: TableSpec, n: int, values: Any, model_step: Any, maker: Any
+) -> dict[str, np.ndarray]:
+    """Validate an ``update`` batch of ``n`` keys; returns each column's values cast to its dtype.
+
+    Raises
+    ------
+    InvalidBatchError
+        If ``values`` is not a non-empty mapping, or values hold NaN/Inf or are out of range.
+    UnknownColumnError
+        For a column the table does not hold.
+    InvalidShapeError, InvalidDTypeError
+        For values of the wrong shape or dtype, a ``model_step`` that is not an int or a ``maker``
+        that is not a str.
+    """
+    table = spec.name
+    if not isinstance(values, Mapping) or not values:
+        raise InvalidBatchError(
+            f"table {table!r}: values must be a non-empty dict of column -> array, got {type(values).__name__}"
+        )
+    checked = {name: coerce_column_values(table, spec.column(name), v, n) for name, v in values.items()}
+    if isinstance(model_step, bool) or not isinstance(model_step, int | np.integer):
+        raise InvalidDTypeError(f"table {table!r}: model_step must be an int, got {model_step!r}")
+    if not isinstance(maker, str):
+        raise InvalidDTypeError(f"table {table!r}: maker must be a str, got {type(maker).__name__}")
+    return checked
+
+
+def check_learning_rate(table: str, learning_rate: Any) -> float:
+    """Return ``learning_rate`` as a float; raise :class:`InvalidBatchError` unless it is finite and > 0."""
+    try:
+        lr = float(learning_rate)
+    except (TypeError, ValueError):
+        lr = math.nan
+    if not (lr > 0) or not math.isfinite(lr):
+        raise InvalidBatchError(f"table {table!r}: learning_rate must be a finite number > 0, got {learning_rate!r}")
+    return lr
+
+
+def gradient_dtype(col: Column) -> np.dtype[Any]:
+    """The dtype gradients of ``col`` are checked and applied in (see :func:`~carls_dask.bank.optimizers.compute_dtype`)."""
+    return compute_dtype(col.np_dtype)
+
+
+def check_gradients(
+    spec: TableSpec, n: int, grads: Any, column: str = "embedding", learning_rate: float | None = None
+) -> tuple[dict[str, np.ndarray], float]:
+    """Validate an ``apply_gradients`` batch of ``n`` keys.
+
+    ``grads`` is a mapping of column -> array, or one array for ``column``. ``learning_rate`` None
+    takes the table's.
+
+    Returns
+    -------
+    tuple
+        Each column's gradients (cast to :func:`gradient_dtype`) and the learning rate to apply.
+
+    Raises
+    ------
+    InvalidBatchError
+        If the table has no optimizer, no gradients are given, or the learning rate is not finite and > 0.
+    InvalidDTypeError
+        For gradients of a non-float column, or of a dtype that cannot be cast.
+    InvalidShapeError
+        For gradients of the wrong shape.
+    """
+    table = spec.name
+    if spec.optimizer is None:
+        raise InvalidBatchError(f"table {table!r} has no optimizer; create it with optimizer='sgd', 'adagrad' or 'adam'")
+    g = grads if isinstance(grads, Mapping) else {column: grads}
+    if not g:
+        raise InvalidBatchError(f"table {table!r}: gradients must be a non-empty dict of column -> array")
+    checked: dict[str, np.ndarray] = {}
+    for name, v in g.items():
+        col = spec.column(name)
+        if not col.is_float:
+            raise InvalidDTypeError(
+                f"table {table!r}, column {name!r}: gradients need a float column, but it is {col.dtype}"
+            )
+        checked[name] = coerce_column_values(table, col, v, n, what="gradients", dtype=gradient_dtype(col))
+    lr = check_learning_rate(table, spec.learning_rate if learning_rate is None else learning_rate)
+    return checked, lr
+
+
+def check_sample_size(table: str, n: Any) -> int:
+    """Return the sample size ``n`` as an int; raise unless it is an int within ``carls.bank.max-batch-keys``."""
+    if isinstance(n, bool) or not isinstance(n, int | np.integer):
+        raise InvalidDTypeError(f"table {table!r}: sample size must be an int, got {n!r}")
+    check_batch_size(table, "samples", int(n))
+    return int(n)
+
+
+def check_top_k_query(spec: TableSpec, query: Any, k: Any, column: str = "embedding",
+                      metric: str = "dot") -> np.ndarray:
+    """Validate a top-k query ``float[q, d]`` of ``spec``'s ``column``; returns it as ``float32[q, d]``.
+
+    Raises
+    ------
+    InvalidBatchError
+        For an unknown metric, a ``k`` that is not a positive int, a query with NaN/Inf, or more
+        than ``carls.bank.max-batch-keys`` results.
+    InvalidShapeError
+        If the column is not a float vector column, or the query is not ``(q > 0, d)``.
+    InvalidDTypeError
+        For a non-numeric query.
+    """
+    table = spec.name
+    col = spec.column(column)
+    if metric not in METRICS:
+        raise InvalidBatchError(f"table {table!r}: metric {metric!r} is unknown; expected one of {METRICS}")
+    if len(col.shape) != 1 or not col.is_float:
+        raise InvalidShapeError(
+            f"table {table!r}, column {column!r}: top_k needs a float vector column, got {col.dtype}{list(col.shape)}"
+        )
+    q = np.asarray(query)
+    if q.ndim != 2 or q.shape[1] != col.shape[0] or q.shape[0] == 0:
+        raise InvalidShapeError(
+            f"table {table!r}, column {column!r}: query has shape {q.shape}; expected (q>0, {col.shape[0]})"
+        )
+    if q.dtype.kind not in "iuf":
+        raise InvalidDTypeError(f"table {table!r}: query of dtype {q.dtype} is not numeric")
+    q = q.astype(np.float32)
+    check_finite(table, column, "query", q)
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or int(k) <= 0:
+        raise InvalidBatchError(f"table {table!r}: k must be a positive int, got {k!r}")
+    check_batch_size(table, "top-k results (queries x k)", q.shape[0] * int(k))
+    return q

@@ -17,7 +17,7 @@ from carls_dask.paradigms.curriculum.cleaning import (
     clean_targets,
     detection_quality,
 )
-from carls_dask.paradigms.curriculum.inline import InlineResult, LocalBank, run_inline
+from carls_dask.paradigms.curriculum.inline import InlineResult, run_inline
 from carls_dask.paradigms.curriculum.loops import (
     BANK_COLUMNS,
     CurriculumTrainer,
@@ -56,7 +56,6 @@ __all__ = [
     "DifficultyMaker",
     "FractionPacing",
     "InlineResult",
-    "LocalBank",
     "NoisyLabels",
     "Pacing",
     "SelfPacedPacing",

@@ -2,8 +2,9 @@
 
 The trainer and the maker are the same classes the Workbench runs as Dask futures, driven here in
 lock step: every ``publish_every`` trainer steps the maker scores the new version before training
-goes on. The bank is a single in-process :class:`~carls_dask.bank.core.ShardCore` owning every
-bucket (:class:`LocalBank`), so a run depends only on its settings and seed.
+goes on. The bank is the :class:`~carls_dask.bank.KnowledgeBank` client over one in-process shard
+owning every bucket (:meth:`~carls_dask.bank.KnowledgeBank.local`), so a run depends only on its
+settings and seed.
 """
 
 from __future__ import annotations
@@ -14,51 +15,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from carls_dask.bank.core import LookupResult, ShardCore
+from carls_dask.bank import KnowledgeBank
 from carls_dask.paradigms.curriculum.loops import CurriculumTrainer, DifficultyMaker, difficulty_table
 from carls_dask.paradigms.curriculum.settings import CurriculumSettings
 from carls_dask.runtime.channel import LocalModelChannel
 from carls_dask.runtime.context import LoopContext, ThreadStop, pick_device
 
-__all__ = ["InlineResult", "LocalBank", "run_inline"]
+__all__ = ["InlineResult", "run_inline"]
 
 logger = logging.getLogger(__name__)
-
-
-class LocalBank:
-    """A one-shard bank in this process with the :class:`~carls_dask.bank.KnowledgeBank` calls the curriculum uses."""
-
-    def __init__(self, tables: list[Any], buckets: int = 64) -> None:
-        from carls_dask import config
-
-        specs = [t if t.is_resolved else t.resolve(
-            optimizer=config.get("bank.optimizer"), learning_rate=float(config.get("bank.learning-rate")),
-            initializer=config.get("bank.initializer"), init_scale=float(config.get("bank.init-scale")))
-            for t in tables]
-        self.core = ShardCore(specs, shard=0, n_shards=1, buckets=buckets)
-        self.buckets = buckets
-        self.specs = {t.name: t for t in specs}
-
-    def lookup(self, table: str, keys: Any, columns: list[str] | None = None, insert: bool = False,
-               max_staleness: float | None = None) -> LookupResult:
-        return self.core.lookup(table, keys, columns, insert, max_staleness)
-
-    def update(self, table: str, keys: Any, values: Mapping[str, Any], *, model_step: int = 0,
-               maker: str = "") -> int:
-        return len(self.core.update(table, keys, values, model_step=model_step, maker=maker))
-
-    def size(self, table: str | None = None) -> int:
-        return self.core.size(table)
-
-    def snapshot(self, root: str, step: int) -> int:
-        """Write and commit a snapshot of the bank under ``root``; returns its version."""
-        from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
-
-        handle = begin_snapshot(root, int(step))
-        write_shard(handle, self.core.export_state(), delta_seq=0)  # an inline bank keeps no delta log
-        entry = commit_snapshot(handle, {"name": "inline", "n_shards": 1, "buckets": self.buckets,
-                                         "tables": {t: s.to_json() for t, s in self.specs.items()}, "optimizer": {}})
-        return int(entry["version"])
 
 
 @dataclasses.dataclass
@@ -101,7 +66,7 @@ def run_inline(settings: CurriculumSettings, *, with_maker: bool | None = None, 
     t0 = time.monotonic()
     if with_maker is None:
         with_maker = settings.pacing != "uniform" or settings.clean != "none"
-    bank = LocalBank([difficulty_table()]) if with_maker else None
+    bank = KnowledgeBank.local([difficulty_table()], n_shards=1, buckets=64) if with_maker else None
     stop = ThreadStop()
     channel = LocalModelChannel("trainer")
     device = pick_device()
@@ -136,4 +101,6 @@ def run_inline(settings: CurriculumSettings, *, with_maker: bool | None = None, 
         trainer.teardown()
         if maker is not None:
             maker.teardown()
+        if bank is not None:
+            bank.close()
     return InlineResult(dict(value), made, version, time.monotonic() - t0)

@@ -2,8 +2,8 @@
 
 The trainer and the makers are the same classes the Workbench runs as Dask futures, driven here in
 lock step: every ``publish_every`` trainer steps each maker loads the new version and makes its
-round before training goes on. The bank is a one-shard in-process bank
-(:class:`~carls_dask.paradigms.curriculum.inline.LocalBank` with ``delete``), so a run depends only on its
+round before training goes on. The bank is the :class:`~carls_dask.bank.KnowledgeBank` client over one
+in-process shard (:meth:`~carls_dask.bank.KnowledgeBank.local`), so a run depends only on its
 settings and seeds, and figures of different settings can be compared seed by seed.
 """
 
@@ -13,9 +13,7 @@ import os
 import time
 from typing import Any
 
-import numpy as np
-
-from carls_dask.paradigms.curriculum.inline import LocalBank
+from carls_dask.bank import KnowledgeBank
 from carls_dask.paradigms.data.planetoid import find_data_dir, load_planetoid
 from carls_dask.paradigms.semi_supervised.core import SemiSupervisedConfig
 from carls_dask.paradigms.semi_supervised.loops import (
@@ -27,15 +25,7 @@ from carls_dask.paradigms.semi_supervised.loops import (
 from carls_dask.runtime.channel import LocalModelChannel
 from carls_dask.runtime.context import LoopContext, ThreadStop, pick_device
 
-__all__ = ["SemiSupervisedLocalBank", "run_inline"]
-
-
-class SemiSupervisedLocalBank(LocalBank):
-    """:class:`LocalBank` with the ``delete`` call the pseudo-label maker uses."""
-
-    def delete(self, table: str, keys: Any) -> int:
-        """Delete ``keys`` from ``table``; returns how many were held."""
-        return int(np.asarray(self.core.delete(table, keys)).sum())
+__all__ = ["run_inline"]
 
 
 def run_inline(config: SemiSupervisedConfig, *, data_dir: str | os.PathLike[str] | None = None,
@@ -62,7 +52,8 @@ def run_inline(config: SemiSupervisedConfig, *, data_dir: str | os.PathLike[str]
     t0 = time.monotonic()
     folder = str(find_data_dir(data_dir))
     n_classes = load_planetoid(config.dataset, folder).n_classes
-    bank = SemiSupervisedLocalBank(bank_tables(n_classes, config.hidden[-1])) if config.mode == "bank" else None
+    bank = (KnowledgeBank.local(bank_tables(n_classes, config.hidden[-1]), n_shards=1, buckets=64)
+            if config.mode == "bank" else None)
     stop = ThreadStop()
     channel = LocalModelChannel("trainer")
     device = pick_device()
@@ -107,6 +98,8 @@ def run_inline(config: SemiSupervisedConfig, *, data_dir: str | os.PathLike[str]
         trainer.teardown()
         for m in makers:
             m.teardown()
+        if bank is not None:
+            bank.close()
     out["makers"] = made
     out["wall_seconds"] = time.monotonic() - t0
     return out

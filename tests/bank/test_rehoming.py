@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from carls_dask.bank import Column, KnowledgeBank, TableSpec
+from carls_dask.bank.transport import ShardCall
 from carls_dask.errors import ShardLostError
 
 REHOME_TIMEOUT = 60.0
@@ -173,7 +174,7 @@ def test_a_retried_batch_is_not_applied_twice(client: Any, tmp_path: pathlib.Pat
         bank.update("nodes", keys, {"embedding": np.zeros((8, 4), np.float32)})
         grads = {"embedding": np.ones((8, 4), np.float32)}
         op = 12345
-        call = [(0, "apply_gradients", ("nodes", keys, grads, "embedding", None), {"op_id": op})]
+        call = [ShardCall(0, "apply_gradients", ("nodes", keys, grads, "embedding", None), mutating=True, op_id=op)]
         assert bank._call(call)[0].all()
         assert bank._call(call)[0].all()  # same shard, same op id: answered, not applied again
         kill_worker(client, a)
@@ -201,7 +202,7 @@ def _retire_here() -> list[dict[str, Any]]:
 
 def _write_colocated(bank: KnowledgeBank, keys: np.ndarray) -> tuple[bool, int]:
     """A task on the retired shard's worker: its copy still finds the old (retired) shard in process."""
-    local = bank._local_shard(0) is not None
+    local = bank.transport.local_shard(0) is not None
     return local, bank.update("nodes", keys, {"embedding": np.full((keys.size, 4), 7.0, np.float32)})
 
 
@@ -262,8 +263,7 @@ def test_a_bank_without_a_store_cannot_rehome_and_says_why(client: Any) -> None:
     with pytest.raises(ShardLostError, match="log_root"):
         bank.lookup("nodes", keys)
     bank._closed = True  # its only shard is gone: nothing to close
-    for f in bank._futures:
-        f.release()
+    bank.transport.release()
 
 
 def lifetime_handover(client: Any, leaves: str, stays: str, root: pathlib.Path, timeout: float = 120) -> None:

@@ -289,16 +289,16 @@ def test_inline_runs_are_reproducible() -> None:
 
 
 def test_a_trainer_resumed_from_its_state_continues_identically() -> None:
+    from carls_dask.bank import KnowledgeBank
     from carls_dask.paradigms.curriculum import (
         CurriculumTrainer,
         DifficultyMaker,
-        LocalBank,
         difficulty_table,
     )
     from carls_dask.runtime import LocalModelChannel, LoopContext, ThreadStop
 
     s = _digits(steps=80, warmup=0.0, refresh_every=5)
-    bank = LocalBank([difficulty_table()])
+    bank = KnowledgeBank.local([difficulty_table()], n_shards=1, buckets=64)
     ctx = LoopContext("t", "trainer", "cpu", LocalModelChannel("t"), ThreadStop(), bank=bank)
     first = CurriculumTrainer(s)
     first.ctx = ctx

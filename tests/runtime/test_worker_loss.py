@@ -139,7 +139,7 @@ def test_maker_and_shard_worker_killed_the_run_carries_on(cluster: Any, tmp_path
         a, b = sorted(wb.client.scheduler_info()["workers"])
         bank = wb.create_bank([table("steps"), table("made")], n_shards=2, buckets=64,
                               log_root=str(tmp_path / "bank"))
-        assert [h._address for h in bank._shards] == [a, b]  # spread: shard 0 on a, shard 1 on b
+        assert bank.transport.table.addresses == [a, b]  # spread: shard 0 on a, shard 1 on b
         t_ack, m_ack = tmp_path / "trainer.acks", tmp_path / "maker.acks"
         wb.submit_trainer(WritingTrainer("trainer", str(t_ack)), workers=[b])
         wb.submit_maker(WritingMaker("maker", str(m_ack)), workers=[a])
