@@ -4,13 +4,13 @@ One live bank per source shard count holds a table per optimizer and float dtype
 inserts, value updates by named makers, gradients with duplicate keys and deletes; a snapshot is taken
 in the middle and more mutations follow (they live only in the delta log). Each restore (onto 1, 2 and 3
 shards) must match the live bank's full exported state bit for bit, and the next gradient batch must
-then give bit-identical rows in both.
+then give bit-identical rows in both. The same runs on Dask actor shards and on in-process shards
+(``KnowledgeBank.local`` / ``restore_local``).
 """
 
 from __future__ import annotations
 
 import pathlib
-from typing import Any
 
 import numpy as np
 import pytest
@@ -111,14 +111,27 @@ def mutate_after_snapshot(bank: KnowledgeBank, rng: np.random.Generator, keys: n
     apply_all(bank, rng, np.r_[keys[20:21], [9_000_000], keys[40:45]])
 
 
+def start(transport: str, request: pytest.FixtureRequest, n_shards: int, root: str) -> KnowledgeBank:
+    if transport == "local":
+        return KnowledgeBank.local(specs(), n_shards=n_shards, buckets=BUCKETS, log_root=root, log_sync=False)
+    client = request.getfixturevalue("client")
+    return KnowledgeBank.create(client, specs(), n_shards=n_shards, buckets=BUCKETS, log_root=root, log_sync=False)
+
+
+def restore(transport: str, request: pytest.FixtureRequest, n_shards: int, root: str) -> KnowledgeBank:
+    if transport == "local":
+        return KnowledgeBank.restore_local(root, n_shards=n_shards)
+    return KnowledgeBank.restore(request.getfixturevalue("client"), root, n_shards=n_shards)
+
+
+@pytest.mark.parametrize("transport", ["dask", "local"])
 @pytest.mark.parametrize("source_shards", [1, 2, 3])
 def test_restore_is_exact_for_every_optimizer_dtype_and_shard_count(
-    client: Any, tmp_path: pathlib.Path, source_shards: int
+    request: pytest.FixtureRequest, tmp_path: pathlib.Path, source_shards: int, transport: str
 ) -> None:
     root = str(tmp_path / "bank")
     rng = np.random.default_rng(100 + source_shards)
-    live = KnowledgeBank.create(client, specs(), n_shards=source_shards, buckets=BUCKETS, log_root=root,
-                                log_sync=False)
+    live = start(transport, request, source_shards, root)
     try:
         keys = mutate_before_snapshot(live, rng)
         live.snapshot(root, step=10)
@@ -138,7 +151,7 @@ def test_restore_is_exact_for_every_optimizer_dtype_and_shard_count(
         seed = int(rng.integers(1 << 30))
         continued = []
         for n in (1, 2, 3):
-            restored = KnowledgeBank.restore(client, root, n_shards=n)
+            restored = restore(transport, request, n, root)
             try:
                 assert restored.n_shards == n
                 assert_bit_identical(final, full_state(restored))
