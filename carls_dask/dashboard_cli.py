@@ -7,7 +7,6 @@ import importlib.util
 import logging
 import os
 import pathlib
-import subprocess
 import sys
 
 from carls_dask import config
@@ -63,7 +62,7 @@ def panel_command(
 
 
 def run(args: argparse.Namespace) -> int:
-    """Handler of ``carls-dask dashboard``: run ``panel serve`` until it exits (Ctrl-C stops it)."""
+    """Handler of ``carls-dask dashboard``: become ``panel serve`` (Ctrl-C or SIGTERM stops it)."""
     cmd = panel_command(args.run_path, args.address, args.port, args.show)
     env = dict(os.environ)
     if args.refresh is not None:
@@ -75,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.run_path.exists():
         logger.warning("run folder %s does not exist yet; the dashboard will wait for it", args.run_path)
     sys.stderr.write(f"carls-dask dashboard: serving {args.run_path} at http://{cmd[cmd.index('--address') + 1]}:{cmd[cmd.index('--port') + 1]}/app\n")
-    try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
-        return 130
+    sys.stderr.flush()
+    # the server takes this process's place, so a signal that stops `carls-dask dashboard` stops the server
+    # itself (a child process would outlive a SIGTERM sent to its parent)
+    os.execvpe(cmd[0], cmd, env)
