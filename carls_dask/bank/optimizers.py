@@ -113,9 +113,12 @@ def apply_optimizer(
         return (w - lr * g).astype(weights.dtype, copy=False), {}
     if optimizer == "adagrad":
         acc = slots["accumulator"].astype(dt, copy=False) + g * g
-        root = np.sqrt(acc)
-        step_ = np.zeros_like(acc)
-        np.divide(g, root, out=step_, where=root > 0)
+        step_ = np.sqrt(acc)
+        # a zero accumulator means only zero gradients so far: dividing by the smallest normal number
+        # instead gives 0 there and changes no other entry (a non-zero root is at least sqrt of the
+        # smallest subnormal, far above it)
+        np.maximum(step_, np.finfo(dt).tiny, out=step_)
+        np.divide(g, step_, out=step_)
         step_ *= lr
         return (w - step_).astype(weights.dtype, copy=False), {"accumulator": acc}
     if optimizer == "adam":
