@@ -95,6 +95,6 @@ def run_demo(run_dir: pathlib.Path | None = None, dataset: str = "cora", steps: 
         f"demo: finished in {elapsed:.0f} s\n"
         f"  dashboard:  carls-dask dashboard {run_dir}\n"
         f"  bank:       carls-dask bank inspect {run_dir / 'bank'}\n"
-        f"  in Python:  storage.open_bank('{run_dir / 'bank'}', table='nodes')  /  storage.open_metrics('{run_dir / 'metrics.zarr'}')\n"
+        f"  in Python:  carls_dask.open_bank('{run_dir / 'bank'}', table='nodes')  /  carls_dask.open_metrics('{run_dir / 'metrics.zarr'}')\n"
     )
     return 0 if status is None else int(status)
