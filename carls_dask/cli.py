@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     bank_cli.add_arguments(p)
     p.set_defaults(handler=bank_cli.run)
 
-    p = sub.add_parser("run", help="run a learning paradigm and write a run folder")
+    p = sub.add_parser("run", help="run a learning paradigm and write a run folder (or resume one)", add_help=False)
     runcli.add_arguments(p)
     p.set_defaults(handler=runcli.run)
 

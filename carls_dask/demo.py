@@ -2,9 +2,11 @@
 
 It runs the semi-supervised paradigm on Cora on the embedded default cluster (a LocalCluster): a
 graph-regularized trainer, a neighbour-embedding maker and a pseudo-label maker working through a
-sharded knowledge bank, with a progress bar. It writes a run folder (bank snapshots, delta log, metric
-store) and says how to open it in the dashboard and in xarray. The paradigm is looked up through the
-paradigm registry, so this module knows no paradigm's code.
+sharded knowledge bank, with a progress bar. It goes through the same runner as ``carls-dask run``, so
+it writes a durable run folder (bank snapshots every ``carls.run.snapshot-every`` steps, the delta
+log, trainer states, the metric store, ``result.json``) and says how to open it in the dashboard and
+in xarray. The paradigm is looked up through the paradigm registry, so this module knows no
+paradigm's code.
 """
 
 from __future__ import annotations
@@ -79,15 +81,20 @@ def run_demo(run_dir: pathlib.Path | None = None, dataset: str = "cora", steps: 
     int
         The paradigm's exit status.
     """
-    from carls_dask.runtime.registry import RunRequest, get_paradigm
+    from carls_dask.runtime.registry import get_paradigm
+    from carls_dask.runtime.runner import run_paradigm
 
     run_dir = run_dir or pathlib.Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    runner = get_paradigm(DEMO_PARADIGM)
+    paradigm = get_paradigm(DEMO_PARADIGM)
+    overrides = {"dataset": dataset} | ({"steps": int(steps)} if steps is not None else {})
+    settings = paradigm.settings(None, **overrides)
     out = sys.stdout
-    out.write(f"demo: {DEMO_PARADIGM} learning on {dataset} on a LocalCluster, writing {run_dir}\n")
+    out.write(f"demo: {DEMO_PARADIGM} ({paradigm.variant_name(None)}) learning on {dataset} on a LocalCluster, "
+              f"writing {run_dir}\n")
     t0 = time.perf_counter()
-    status = runner(RunRequest(DEMO_PARADIGM, run_dir, steps, {"dataset": dataset}))
+    result = run_paradigm(paradigm, settings, run_dir=run_dir)
     elapsed = time.perf_counter() - t0
+    out.write(f"demo: {result.headline(paradigm.headline)}\n")
     figures = run_figures(run_dir)
     if figures:
         out.write("demo: figures in the run's metric store\n" + "\n".join(figures) + "\n")
@@ -96,5 +103,6 @@ def run_demo(run_dir: pathlib.Path | None = None, dataset: str = "cora", steps: 
         f"  dashboard:  carls-dask dashboard {run_dir}\n"
         f"  bank:       carls-dask bank inspect {run_dir / 'bank'}\n"
         f"  in Python:  carls_dask.open_bank('{run_dir / 'bank'}', table='nodes')  /  carls_dask.open_metrics('{run_dir / 'metrics.zarr'}')\n"
+        f"  continue:   carls-dask run --resume {run_dir} --steps N\n"
     )
-    return 0 if status is None else int(status)
+    return 0

@@ -76,7 +76,15 @@ class LoopContext:
     poll_interval
         Seconds between a maker's checks for a new version.
     report_interval
-        Seconds between progress reports.
+        Seconds between a maker's progress reports while it waits (trainers report by step).
+    metrics_every
+        Trainer steps between progress reports (also after every evaluation).
+    checkpoint
+        The run's :class:`~carls_dask.runtime.checkpoints.Checkpointer`, or ``None``: a trainer then
+        saves no state and starts from ``resume_from``.
+    primary
+        Whether this is the run's primary trainer: its published step becomes the bank's step, and
+        it snapshots the bank with its checkpoints.
     """
 
     name: str
@@ -90,6 +98,9 @@ class LoopContext:
     publish_every: int = 50
     poll_interval: float = 0.5
     report_interval: float = 0.5
+    metrics_every: int = 10
+    checkpoint: Any = None
+    primary: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +149,12 @@ class LoopResult:
         What the ``finish`` hook returned.
     state
         The ``state`` hook's checkpoint at the end, when the loop keeps one.
+    step
+        For trainers: the step the loop ended at.
+    resumed_at
+        For trainers: the step of the saved state it started from, or ``None`` when it started afresh.
+    final_published
+        For trainers: the version published when the loop ended, if it was not published just before.
     """
 
     name: str
@@ -150,6 +167,9 @@ class LoopResult:
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     value: Any = None
     state: dict[str, Any] | None = None
+    step: int = 0
+    resumed_at: int | None = None
+    final_published: Any = None
 
     @property
     def versions(self) -> list[int]:

@@ -12,7 +12,7 @@ import logging
 import math
 import pathlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -29,9 +29,17 @@ class _Bar(tqdm):
 
 
 class ProgressBook:
-    """The newest reported values of every loop of a run."""
+    """The newest reported values of every loop of a run.
 
-    def __init__(self) -> None:
+    Parameters
+    ----------
+    unprefixed
+        Series to write also without the loop's name, by loop kind (from the first loop of that
+        kind that reports it), e.g. ``{"maker": ("pl_precision",)}``: the names a paradigm's dashboards read.
+    """
+
+    def __init__(self, unprefixed: Mapping[str, Sequence[str]] | None = None) -> None:
+        self.unprefixed = {str(k): tuple(v) for k, v in (unprefixed or {}).items()}
         self._lock = threading.Lock()
         self.loops: dict[str, dict[str, float]] = {}
         self.kinds: dict[str, str] = {}
@@ -78,6 +86,12 @@ class ProgressBook:
             for loop, key, alias in aliases:
                 if key in self.loops[loop]:
                     out[alias] = self.loops[loop][key]
+            for kind, names in self.unprefixed.items():
+                loops = [n for n in self.loops if self.kinds.get(n) == kind]
+                for name in names:
+                    first = next((n for n in loops if name in self.loops[n]), None)
+                    if first is not None:
+                        out[name] = self.loops[first][name]
             return out
 
     def summary(self) -> str:

@@ -1,75 +1,56 @@
 """The paradigms ``carls-dask run NAME`` can start.
 
 ``carls_dask`` does not import the paradigms; they register themselves, either through the
-``carls_dask.paradigms`` entry-point group in their package metadata::
+``carls_dask.paradigms`` entry-point group in their package metadata, naming a
+:class:`~carls_dask.runtime.paradigm.Paradigm` subclass::
 
     [project.entry-points."carls_dask.paradigms"]
-    semi-supervised = "carls_dask.paradigms.semi_supervised.run:main"
+    semi-supervised = "carls_dask.paradigms.semi_supervised.paradigm:SemiSupervised"
 
-or at run time with :func:`register_paradigm`. A runner takes a :class:`RunRequest` and returns
-an exit status (``None`` means 0).
+or at run time with :func:`register_paradigm`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import logging
-import pathlib
-from collections.abc import Callable
 from typing import Any
 
+from carls_dask.runtime.paradigm import Paradigm
 from carls_dask.storage.errors import ConfigError
 
-__all__ = ["ENTRY_POINT_GROUP", "RunRequest", "available_paradigms", "get_paradigm", "register_paradigm"]
+__all__ = ["ENTRY_POINT_GROUP", "available_paradigms", "get_paradigm", "register_paradigm", "unregister_paradigm"]
 
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "carls_dask.paradigms"
 
-
-@dataclasses.dataclass(frozen=True)
-class RunRequest:
-    """What ``carls-dask run`` asks a paradigm to do.
-
-    Attributes
-    ----------
-    name
-        The paradigm's registered name.
-    run_dir
-        The run folder to write (``RUN/bank``, ``RUN/metrics.zarr``, ``RUN/run.json``).
-    steps
-        Trainer steps to run, or ``None`` for the paradigm's default.
-    options
-        Extra ``key=value`` options from ``--option``, as strings.
-    """
-
-    name: str
-    run_dir: pathlib.Path
-    steps: int | None = None
-    options: dict[str, str] = dataclasses.field(default_factory=dict)
+_REGISTERED: dict[str, Paradigm] = {}
 
 
-Runner = Callable[[RunRequest], Any]
+def _instance(obj: Any, where: str) -> Paradigm:
+    if isinstance(obj, type) and issubclass(obj, Paradigm):
+        obj = obj()
+    if not isinstance(obj, Paradigm):
+        raise ConfigError(f"{where}: expected a Paradigm subclass or instance, got {type(obj).__name__}")
+    return obj
 
-_REGISTERED: dict[str, Runner] = {}
 
-
-def register_paradigm(name: str, runner: Runner, *, replace: bool = False) -> None:
-    """Make ``runner`` available as ``carls-dask run name``.
+def register_paradigm(paradigm: Paradigm | type[Paradigm], *, name: str | None = None, replace: bool = False) -> None:
+    """Make ``paradigm`` available as ``carls-dask run NAME`` (``NAME``: ``name`` or ``paradigm.name``).
 
     Raises
     ------
     ConfigError
-        If ``name`` is empty or already registered (unless ``replace``).
+        If the name is empty or already registered (unless ``replace``), or ``paradigm`` is not a Paradigm.
     """
-    if not isinstance(name, str) or not name.strip():
-        raise ConfigError(f"register_paradigm: expected a non-empty name, got {name!r}")
-    if not callable(runner):
-        raise ConfigError(f"register_paradigm({name!r}): runner must be callable, got {type(runner).__name__}")
-    if name in _REGISTERED and not replace:
-        raise ConfigError(f"register_paradigm: {name!r} is already registered; pass replace=True to override")
-    _REGISTERED[name] = runner
+    obj = _instance(paradigm, "register_paradigm")
+    key = name if name is not None else obj.name
+    if not isinstance(key, str) or not key.strip():
+        raise ConfigError(f"register_paradigm: expected a non-empty name, got {key!r}")
+    if key in _REGISTERED and not replace:
+        raise ConfigError(f"register_paradigm: {key!r} is already registered; pass replace=True to override")
+    _REGISTERED[key] = obj
 
 
 def unregister_paradigm(name: str) -> None:
@@ -86,8 +67,8 @@ def available_paradigms() -> list[str]:
     return sorted(set(_REGISTERED) | set(_entry_points()))
 
 
-def get_paradigm(name: str) -> Runner:
-    """Return the runner registered as ``name``.
+def get_paradigm(name: str) -> Paradigm:
+    """Return the paradigm registered as ``name``.
 
     Raises
     ------
@@ -98,7 +79,6 @@ def get_paradigm(name: str) -> Runner:
         return _REGISTERED[name]
     eps = _entry_points()
     if name in eps:
-        runner: Runner = eps[name].load()
-        return runner
+        return _instance(eps[name].load(), f"entry point {name!r} of {ENTRY_POINT_GROUP}")
     known = available_paradigms()
     raise ConfigError(f"unknown paradigm {name!r}; available: {', '.join(known) if known else 'none registered'}")

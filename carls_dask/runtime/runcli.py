@@ -1,4 +1,4 @@
-"""The ``carls-dask run`` subcommand: start a registered paradigm with a run folder."""
+"""The ``carls-dask run`` subcommand: run a registered paradigm into a run folder, or resume one."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 import pathlib
 import sys
 import time
+from typing import Any
 
 from carls_dask.storage.errors import ConfigError
 
@@ -16,16 +17,24 @@ logger = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the ``run`` subcommand's arguments to ``p``."""
+    """Add the ``run`` subcommand's arguments to ``p`` (built with ``add_help=False``)."""
     p.add_argument("paradigm", nargs="?", help="name of the paradigm to run (see --list)")
-    p.add_argument("--list", action="store_true", help="list the available paradigms and exit")
+    p.add_argument("-h", "--help", action="store_true",
+                   help="show this help; after a paradigm name, also every setting of that paradigm")
+    p.add_argument("--list", action="store_true", help="list the available paradigms and their variants, and exit")
+    p.add_argument("--variant", default=None, help="named variant of the paradigm (default: its default variant)")
     p.add_argument("--run-dir", type=pathlib.Path, default=None,
                    help="run folder to write (default: runs/<paradigm>-<time>)")
-    p.add_argument("--steps", type=int, default=None, help="trainer steps (default: the paradigm's own)")
+    p.add_argument("--steps", type=int, default=None, help="steps of the primary trainer (same as -o steps=N)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the run (same as -o seed=N)")
     p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="an option for the paradigm (repeatable)")
-    p.add_argument("--dataset", default=None,
-                   help="data set for the paradigm (same as --option dataset=NAME), e.g. cora or citeseer")
+                   help="a setting of the paradigm (repeatable; see carls-dask run NAME --help)")
+    p.add_argument("--dataset", default=None, help="data set of the paradigm (same as -o dataset=NAME)")
+    p.add_argument("--inline", action="store_true",
+                   help="run in this process in lock step (deterministic) instead of on the Dask cluster")
+    p.add_argument("--resume", type=pathlib.Path, default=None, metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its newest checkpoint (with --steps: to that many steps)")
+    p.set_defaults(run_parser=p)
 
 
 def _options(pairs: list[str]) -> dict[str, str]:
@@ -38,24 +47,63 @@ def _options(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def settings_help(paradigm: Any, variant: str | None = None) -> str:
+    """The settings of ``paradigm`` as ``--help`` shows them: name, type, default (in ``variant``) and meaning."""
+    name = paradigm.variant_name(variant)
+    lines = [f"paradigm {paradigm.name}: {paradigm.description}".rstrip(": "),
+             f"variants: {', '.join(paradigm.variants)} (default {paradigm.variant_name(None)})",
+             f"settings (-o KEY=VALUE), defaults of variant {name!r}:"]
+    for info in paradigm.describe(name):
+        default = info.default
+        shown = ",".join(str(v) for v in default) if isinstance(default, tuple) else default
+        lines.append(f"  {info.name} ({info.type}, default {shown})")
+        if info.meaning:
+            lines.append(f"      {info.meaning}")
+    return "\n".join(lines) + "\n"
+
+
 def run(args: argparse.Namespace) -> int:
     """Handle ``carls-dask run``; returns the exit status."""
-    from carls_dask.runtime.registry import RunRequest, available_paradigms, get_paradigm
+    from carls_dask.runtime.registry import available_paradigms, get_paradigm
+    from carls_dask.runtime.runner import resume_run, run_inline, run_paradigm
 
+    out = sys.stdout
+    if args.help:
+        out.write(args.run_parser.format_help())
+        if args.paradigm:
+            out.write("\n" + settings_help(get_paradigm(args.paradigm), args.variant))
+        return 0
     if args.list:
         names = available_paradigms()
-        sys.stdout.write("".join(f"{n}\n" for n in names) if names else "no paradigms registered\n")
+        for n in names:
+            p = get_paradigm(n)
+            out.write(f"{n}: {p.description} (variants: {', '.join(p.variants)})\n")
+        if not names:
+            out.write("no paradigms registered\n")
+        return 0
+    if args.steps is not None and args.steps < 1:
+        raise ConfigError(f"run --steps: got {args.steps}; expected a positive number of steps")
+    if args.resume is not None:
+        if args.paradigm or args.option or args.variant:
+            raise ConfigError("run --resume RUN_DIR: takes its paradigm, variant and settings from RUN_DIR/request.json; "
+                              "give no paradigm name, --variant or -o with it")
+        result = resume_run(args.resume, steps=args.steps, inline=True if args.inline else None)
+        p = get_paradigm(result.paradigm)
+        out.write(f"{result.headline(p.headline)}; resumed from step {result.resumed_from}; run folder {args.resume}\n")
         return 0
     if not args.paradigm:
         raise ConfigError(f"run: expected a paradigm name; available: {', '.join(available_paradigms()) or 'none'}")
-    if args.steps is not None and args.steps < 0:
-        raise ConfigError(f"run --steps: got {args.steps}; expected a non-negative number of steps")
-    runner = get_paradigm(args.paradigm)
-    run_dir = args.run_dir or pathlib.Path("runs") / f"{args.paradigm}-{time.strftime('%Y%m%d-%H%M%S')}"
+    paradigm = get_paradigm(args.paradigm)
     options = _options(args.option)
-    if getattr(args, "dataset", None):
-        options["dataset"] = args.dataset
-    request = RunRequest(args.paradigm, run_dir, args.steps, options)
-    logger.info("running %s into %s", args.paradigm, run_dir)
-    status = runner(request)
-    return 0 if status is None else int(status)
+    for key in ("steps", "seed", "dataset"):
+        if getattr(args, key, None) is not None:
+            options[key] = str(getattr(args, key))
+    settings = paradigm.settings(args.variant, options)
+    run_dir = args.run_dir or pathlib.Path("runs") / f"{args.paradigm}-{time.strftime('%Y%m%d-%H%M%S')}"
+    logger.info("running %s (%s) into %s", args.paradigm, paradigm.variant_name(args.variant), run_dir)
+    if args.inline:
+        result = run_inline(paradigm, settings, variant=args.variant, run_dir=run_dir, progress=True)
+    else:
+        result = run_paradigm(paradigm, settings, variant=args.variant, run_dir=run_dir)
+    out.write(f"{result.headline(paradigm.headline)}; run folder {run_dir}\n")
+    return 0

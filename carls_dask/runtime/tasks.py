@@ -63,6 +63,9 @@ class LoopSpec:
     publish_every: int = 50
     poll_interval: float = 0.5
     report_interval: float = 0.5
+    metrics_every: int = 10
+    checkpoint: Any = None
+    primary: bool = False
 
 
 def _reporter(topic: str, name: str, kind: str) -> Any:
@@ -103,6 +106,9 @@ def run_loop_task(spec: LoopSpec) -> LoopResult:
         publish_every=spec.publish_every,
         poll_interval=spec.poll_interval,
         report_interval=spec.report_interval,
+        metrics_every=spec.metrics_every,
+        checkpoint=spec.checkpoint,
+        primary=spec.primary,
     )
     logger.info("%s %s starting on %s", obj.kind, obj.name, ctx.device)
     return run_loop(obj, ctx)

@@ -74,7 +74,7 @@ class LoopStatus:
     error
         ``repr`` of the loop's exception when it failed.
     restarts
-        Times the loop was run again because its worker died (makers only).
+        Times the loop was run again because its worker died.
     """
 
     name: str
@@ -130,11 +130,18 @@ class Workbench:
         :class:`distributed.security.Security`, ``"temporary"`` (self-signed certificates made at
         start), ``"files"`` (``carls.cluster.tls``) or ``"none"``; default ``carls.cluster.security``.
         With a scheduler address (``tls://...``) it is the client's certificate.
+    checkpointer
+        A :class:`~carls_dask.runtime.checkpoints.Checkpointer`: trainers then save their state (and
+        the primary trainer snapshots the bank) every ``checkpointer.every`` steps, start from their
+        newest saved state, and a trainer whose worker died is run again on a live worker from it
+        (up to ``carls.runtime.trainer-restarts`` times). ``None``: no checkpoints, and a trainer
+        whose worker died fails the run.
     """
 
     def __init__(self, cluster: Any = None, *, run_dir: str | pathlib.Path | None = None, name: str | None = None,
                  progress: bool | None = None, stop_timeout: float | str | None = None,
-                 cluster_options: dict[str, Any] | None = None, security: Any = None) -> None:
+                 cluster_options: dict[str, Any] | None = None, security: Any = None,
+                 checkpointer: Any = None) -> None:
         self._cluster_arg = cluster
         self.run_dir = pathlib.Path(run_dir) if run_dir is not None else None
         self.name = name or (self.run_dir.name if self.run_dir is not None else "run")
@@ -163,6 +170,9 @@ class Workbench:
         self._events: collections.deque[Any] = collections.deque()
         self._loss_reports: collections.deque[Any] = collections.deque()
         self.maker_restarts = int(config.get("runtime.maker-restarts"))
+        self.trainer_restarts = int(config.get("runtime.trainer-restarts"))
+        self.metrics_every = int(config.get("run.metrics-every"))
+        self.checkpointer = checkpointer
         self.book = ProgressBook()
         self._sink: ProgressSink | None = None
         self._monitor: threading.Thread | None = None
@@ -300,12 +310,35 @@ class Workbench:
                                          name=name or f"{self.prefix}-bank", log_root=log_root)
         return self.bank
 
+    def restore_bank(self, root: str, *, n_shards: int | None = None, version: int | None = None) -> Any:
+        """Start the run's bank from snapshot ``version`` (newest by default) of ``root`` plus its delta log.
+
+        The restored bank keeps logging into ``root``, so the run goes on where it was (``carls-dask
+        run --resume``). Shards are placed as :meth:`create_bank` places them.
+        """
+        from carls_dask.bank.client import KnowledgeBank
+
+        self._life.require(State.RUNNING, action="restore a bank")
+        if self.bank is not None:
+            raise LifecycleError(f"Workbench {self.name!r}: a bank was already created; one bank per Workbench")
+        workers = [self.home_worker()] if self._placement == "colocate" else None
+        self.bank = KnowledgeBank.restore(self.client, root, n_shards=n_shards, version=version, workers=workers,
+                                          log_root=root)
+        return self.bank
+
     # -- loops -------------------------------------------------------------------------------
-    def submit_trainer(self, trainer: Trainer, *, workers: Sequence[str] | None = None) -> LoopHandle:
-        """Run ``trainer`` as a long-lived future; returns its handle."""
+    def submit_trainer(self, trainer: Trainer, *, workers: Sequence[str] | None = None,
+                       primary: bool | None = None) -> LoopHandle:
+        """Run ``trainer`` as a long-lived future; returns its handle.
+
+        ``primary`` (default: the first trainer submitted) makes the trainer's published step the
+        bank's step and its checkpoints snapshot the bank.
+        """
         if not isinstance(trainer, Trainer):
             raise TypeError(f"submit_trainer: expected a Trainer, got {type(trainer).__name__}")
-        return self._submit(trainer, workers)
+        if primary is None:
+            primary = not any(h.kind == "trainer" for h in self._loops.values())
+        return self._submit(trainer, workers, primary=primary)
 
     def submit_maker(self, maker: KnowledgeMaker, *, workers: Sequence[str] | None = None) -> LoopHandle:
         """Run ``maker`` as a long-lived future reading ``maker.source``'s versions; returns its handle.
@@ -326,7 +359,8 @@ class Workbench:
         raise ConfigError(f"maker {maker.name!r}: source=None needs exactly one submitted trainer, found "
                           f"{trainers or 'none'}; submit the trainer first or pass source='<trainer name>'")
 
-    def _submit(self, obj: Trainer | KnowledgeMaker, workers: Sequence[str] | None) -> LoopHandle:
+    def _submit(self, obj: Trainer | KnowledgeMaker, workers: Sequence[str] | None, *,
+                primary: bool = False) -> LoopHandle:
         self._life.require(State.RUNNING, action=f"submit {obj.kind} {obj.name!r}")
         if obj.name in self._loops:
             raise ConfigError(f"Workbench {self.name!r}: a loop named {obj.name!r} was already submitted; "
@@ -340,6 +374,8 @@ class Workbench:
             obj=obj, channel=channel, stop_event=self.stop_event_name, topic=self.topic, bank=self.bank,
             config=config.resolved(), publish_every=int(config.get("runtime.publish-every")),
             poll_interval=self.poll_interval, report_interval=self.report_interval,
+            metrics_every=self.metrics_every, checkpoint=self.checkpointer if isinstance(obj, Trainer) else None,
+            primary=primary,
         )
         resources = {"GPU": 1} if gpu_workers(self.client) else None
         first_trainer = isinstance(obj, Trainer) and not any(h.kind == "trainer" for h in self._loops.values())
@@ -348,7 +384,8 @@ class Workbench:
         # a maker only prefers its workers: after its worker died it is run again on a live one
         future = self.client.submit(run_loop_task, spec, key=f"{obj.kind}-{obj.name}-{self.prefix}", pure=False,
                                     resources=resources, workers=list(workers) if workers else None, retries=0,
-                                    allow_other_workers=bool(workers) and isinstance(obj, KnowledgeMaker))
+                                    allow_other_workers=bool(workers) and (isinstance(obj, KnowledgeMaker)
+                                                                           or self.checkpointer is not None))
         handle = LoopHandle(obj.name, obj.kind, future, obj)
         self._loops[obj.name] = handle
         if self._sink is not None:
@@ -373,13 +410,14 @@ class Workbench:
     def _check_lost_workers(self) -> None:
         """React to workers that were removed while running a loop (reports of the Workbench's watch).
 
-        Dask runs a task whose worker died again on a live worker. For a maker that is the restart:
-        it is counted, logged and reported as the loop's ``restarts`` metric, and after
-        ``carls.runtime.maker-restarts`` restarts the run fails. A trainer is not run again from
-        scratch: its model and optimizer state died with the worker, so the run fails clearly
-        (continue it from a checkpoint with ``Trainer(resume_from=...)``). Dask itself fails a task
-        whose workers died more than ``distributed.scheduler.allowed-failures`` times
-        (``KilledWorker``), which bounds the restarts too. The reports come from the Workbench's
+        Dask runs a task whose worker died again on a live worker. For a maker that is the restart
+        (up to ``carls.runtime.maker-restarts`` times). A trainer is restarted the same way when the
+        Workbench has a :attr:`checkpointer`: the new run of its task continues from its newest saved
+        state (up to ``carls.runtime.trainer-restarts`` times); without one its model and optimizer
+        state died with the worker, so the run fails clearly. Restarts are counted, logged and
+        reported as the loop's ``restarts`` metric. Dask itself fails a task whose workers died more
+        than ``distributed.scheduler.allowed-failures`` times (``KilledWorker``), which bounds the
+        restarts too. The reports come from the Workbench's
         :class:`~carls_dask.runtime.events.WorkerLossWatch` on its own topic.
         """
         while self._loss_reports:
@@ -393,20 +431,27 @@ class Workbench:
                     continue
                 if handle.error is not None or handle.life.state in (State.CLOSED, State.FAILED):
                     continue
-                if handle.kind == "maker" and handle.restarts < self.maker_restarts:
+                limit = self.maker_restarts if handle.kind == "maker" else self.trainer_restarts
+                setting = f"carls.runtime.{handle.kind}-restarts"
+                restartable = handle.kind == "maker" or self.checkpointer is not None
+                if restartable and handle.restarts < limit:
                     handle.restarts += 1
-                    logger.warning("maker %s: its worker %s died; the scheduler runs it again on a live worker "
-                                   "(restart %d of %d, carls.runtime.maker-restarts)", handle.name, worker,
-                                   handle.restarts, self.maker_restarts)
+                    start = ""
+                    if handle.kind == "trainer":
+                        step = self.checkpointer.newest_step(handle.name)
+                        start = f" from its state at step {step}" if step is not None else " from its first step"
+                    logger.warning("%s %s: its worker %s died; the scheduler runs it again on a live worker%s "
+                                   "(restart %d of %d, %s)", handle.kind, handle.name, worker, start,
+                                   handle.restarts, limit, setting)
                     self.book.update({"loop": handle.name, "kind": handle.kind, "restarts": handle.restarts})
                     continue
-                if handle.kind == "maker":
-                    reason = (f"maker {handle.name!r}: its worker {worker} died after {handle.restarts} restarts "
-                              f"(carls.runtime.maker-restarts = {self.maker_restarts})")
+                if restartable:
+                    reason = (f"{handle.kind} {handle.name!r}: its worker {worker} died after {handle.restarts} "
+                              f"restarts ({setting} = {limit})")
                 else:
-                    reason = (f"trainer {handle.name!r}: its worker {worker} died; a trainer is not restarted "
-                              "from scratch (its model state was on that worker): continue the run with "
-                              "Trainer(resume_from=<a checkpoint>)")
+                    reason = (f"trainer {handle.name!r}: its worker {worker} died; a trainer is restarted only from "
+                              "saved state (give the Workbench a checkpointer, as carls-dask run does) or "
+                              "continued with Trainer(resume_from=<a checkpoint>)")
                 logger.error("%s", reason)
                 handle.future.cancel()
                 self._fail(handle, LifecycleError(reason))
@@ -551,6 +596,8 @@ class Workbench:
             elif h.future.status == "finished":
                 h.result = h.future.result(timeout=seconds)
                 h.life.to(State.CLOSED)
+                if h.kind == "trainer":  # its last report may still be on the way: the bar ends complete
+                    self.book.update({"loop": h.name, "kind": h.kind, "step": h.result.step})
             else:  # cancelled
                 h.error = LifecycleError(f"{h.kind} {h.name!r} was cancelled")
                 h.life.to(State.FAILED)

@@ -5,12 +5,13 @@
 - :mod:`~carls_dask.paradigms.semi_supervised.loss`, :mod:`~carls_dask.paradigms.semi_supervised.pseudo_labels`,
   :mod:`~carls_dask.paradigms.semi_supervised.neighbours`, :mod:`~carls_dask.paradigms.semi_supervised.model`: its parts;
 - :mod:`~carls_dask.paradigms.semi_supervised.loops`: the bank-backed trainer and the two knowledge makers;
-- :mod:`~carls_dask.paradigms.semi_supervised.run`: :func:`run_semi_supervised` and ``carls-dask run semi-supervised``;
-- :mod:`~carls_dask.paradigms.semi_supervised.inline`: :func:`run_inline`, the same loops in one process in lock step.
+- :mod:`~carls_dask.paradigms.semi_supervised.paradigm`: :class:`SemiSupervised`, the paradigm ``carls-dask run semi-supervised``
+  (and :func:`carls_dask.runtime.run_paradigm` or :func:`carls_dask.runtime.run_inline`) runs.
 """
 
 from __future__ import annotations
 
 from carls_dask.paradigms.semi_supervised.core import NodeClassifierCore, SemiSupervisedConfig
+from carls_dask.paradigms.semi_supervised.paradigm import SemiSupervised
 
-__all__ = ["NodeClassifierCore", "SemiSupervisedConfig"]
+__all__ = ["NodeClassifierCore", "SemiSupervised", "SemiSupervisedConfig"]

@@ -83,6 +83,12 @@ class SemiSupervisedConfig:
         Seed of weights, dropout and batch sampling.
     neighbour_seed
         Seed of the neighbour-table sampling.
+    publish_every
+        Trainer steps between model versions the makers pick up.
+    data_dir
+        Folder of the Planetoid files (``None``: ``carls.data.dir``, then ``CARLS_DATA_DIR``).
+    torch_threads
+        Intra-op threads torch may use in each loop (0 leaves torch's default).
     """
 
     dataset: str = "cora"
@@ -109,6 +115,9 @@ class SemiSupervisedConfig:
     eval_every: int = 10
     seed: int = 0
     neighbour_seed: int = 0
+    publish_every: int = 10
+    data_dir: str | None = None
+    torch_threads: int = 1
 
     def __post_init__(self) -> None:
         self.hidden = tuple(int(h) for h in self.hidden)
@@ -118,6 +127,8 @@ class SemiSupervisedConfig:
             (int(self.k) >= 1, f"k {self.k!r}, expected an integer >= 1"),
             (int(self.steps) >= 1, f"steps {self.steps!r}, expected an integer >= 1"),
             (int(self.eval_every) >= 1, f"eval_every {self.eval_every!r}, expected an integer >= 1"),
+            (int(self.publish_every) >= 1, f"publish_every {self.publish_every!r}, expected an integer >= 1"),
+            (int(self.torch_threads) >= 0, f"torch_threads {self.torch_threads!r}, expected an integer >= 0"),
             (int(self.unlabelled_batch) >= 0, f"unlabelled_batch {self.unlabelled_batch!r}, expected >= 0"),
             (0.0 <= self.dropout < 1.0, f"dropout {self.dropout!r}, expected a value in [0, 1)"),
             (self.lr > 0, f"lr {self.lr!r}, expected > 0"),
@@ -294,12 +305,26 @@ class NodeClassifierCore:
         """Validation and test accuracy now; keeps the weights with the best validation accuracy."""
         pred = self.predict_logits().argmax(1)
         labels = self.graph.labels
+        train = float((pred[self.graph.train] == labels[self.graph.train]).mean())
         val = float((pred[self.graph.val] == labels[self.graph.val]).mean())
         test = float((pred[self.graph.test] == labels[self.graph.test]).mean())
         if val > self.best_val:
             self.best_val, self.best_step = val, self.step_count
             self.best_state = copy.deepcopy(self.model.state_dict())
-        return {"val_acc": val, "test_acc": test}
+        return {"train_acc": train, "val_acc": val, "test_acc": test}
+
+    def training_state(self) -> dict[str, Any]:
+        """What the next steps depend on besides the weights: the batch generator and the best model so far."""
+        return {"rng": self.rng.bit_generator.state, "step_count": self.step_count, "best_val": self.best_val,
+                "best_step": self.best_step, "best_state": copy.deepcopy(self.best_state)}
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`training_state`."""
+        self.rng.bit_generator.state = state["rng"]
+        self.step_count = int(state["step_count"])
+        self.best_val = float(state["best_val"])
+        self.best_step = int(state["best_step"])
+        self.best_state = state["best_state"]
 
     def best_test_accuracy(self) -> float:
         """Test accuracy of the weights that had the best validation accuracy."""

@@ -95,12 +95,15 @@ class GraphTrainer(Trainer):
     """
 
     def __init__(self, name: str = "trainer", config: SemiSupervisedConfig | None = None, *,
-                 data_dir: str | os.PathLike[str] | None = None, publish_every: int | None = 10,
-                 torch_threads: int = 1) -> None:
+                 data_dir: str | os.PathLike[str] | None = None, publish_every: int | None = None,
+                 torch_threads: int | None = None) -> None:
         self.config = config or SemiSupervisedConfig()
-        super().__init__(name, max_steps=self.config.steps, publish_every=publish_every, keep_state=False)
-        self.data_dir = None if data_dir is None else str(data_dir)
-        self.torch_threads = int(torch_threads)
+        super().__init__(name, max_steps=self.config.steps,
+                         publish_every=self.config.publish_every if publish_every is None else publish_every,
+                         keep_state=False, eval_every=self.config.eval_every)
+        folder = data_dir if data_dir is not None else self.config.data_dir
+        self.data_dir = None if folder is None else str(folder)
+        self.torch_threads = int(self.config.torch_threads if torch_threads is None else torch_threads)
 
     def setup(self, ctx: LoopContext) -> None:
         _limit_threads(self.torch_threads)
@@ -163,10 +166,27 @@ class GraphTrainer(Trainer):
             out["neighbour_found"] = float(inputs["neighbour_present"].sum() / max(1, self.last_slots))
         if self.age_n:
             out["neighbour_age_s"] = self.age_sum / self.age_n
-        if (step + 1) % self.config.eval_every == 0 or step + 1 == self.config.steps:
-            self.last_eval = self.core.evaluate()
-        out.update(self.last_eval)
         return out
+
+    def evaluate(self) -> Mapping[str, float]:
+        """Train, validation and test accuracy of the current weights (the best-validation weights are kept)."""
+        self.last_eval = self.core.evaluate()
+        return self.last_eval
+
+    def state(self) -> dict[str, Any]:
+        out = super().state()
+        out["core"] = self.core.training_state()
+        out["counters"] = {"step_seconds": self.step_seconds, "timed_steps": self.timed_steps,
+                           "lookups": self.lookups, "lookup_seconds": self.lookup_seconds,
+                           "age_sum": self.age_sum, "age_n": self.age_n}
+        return out
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        super().load_state(state)
+        if "core" in state:
+            self.core.load_training_state(dict(state["core"]))
+        for key, value in dict(state.get("counters", {})).items():
+            setattr(self, key, value)
 
     def finish(self) -> dict[str, Any]:
         return {
@@ -189,11 +209,12 @@ class _ModelMaker(KnowledgeMaker):
     """Shared set-up of the makers: the graph and an MLP of the trainer's shape."""
 
     def __init__(self, name: str, config: SemiSupervisedConfig | None = None, *, source: str | None = None,
-                 data_dir: str | os.PathLike[str] | None = None, torch_threads: int = 1) -> None:
+                 data_dir: str | os.PathLike[str] | None = None, torch_threads: int | None = None) -> None:
         super().__init__(name, source=source)
         self.config = config or SemiSupervisedConfig()
-        self.data_dir = None if data_dir is None else str(data_dir)
-        self.torch_threads = int(torch_threads)
+        folder = data_dir if data_dir is not None else self.config.data_dir
+        self.data_dir = None if folder is None else str(folder)
+        self.torch_threads = int(self.config.torch_threads if torch_threads is None else torch_threads)
 
     def setup(self, ctx: LoopContext) -> None:
         import torch
@@ -257,7 +278,8 @@ class PseudoLabelMaker(_ModelMaker):
     def setup(self, ctx: LoopContext) -> None:
         super().setup(ctx)
         self.candidates = self.graph.unlabelled()
-        self.current = np.zeros(0, dtype=np.int64)
+        # the labels given so far: none in a new bank; after a restart, those the bank holds
+        self.current = np.sort(np.asarray(ctx.bank.keys(PSEUDO_TABLE), dtype=np.int64))
         self.adjacency = normalized_adjacency(self.graph.edges, self.graph.n_nodes)
 
     def fraction_at(self, step: int) -> float:

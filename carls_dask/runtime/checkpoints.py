@@ -1,0 +1,111 @@
+"""Step-tied checkpoints of a run: bank snapshots and trainer states, saved together, pruned together.
+
+A :class:`Checkpointer` is small and picklable: the Workbench sends it with each trainer to its
+worker (the run folder must be on a file system the workers share, as on one machine or a
+cluster's shared disk). Every ``every`` steps the primary trainer snapshots the bank into
+``RUN/bank`` at its step and each trainer saves its :meth:`~carls_dask.runtime.trainer.Trainer.state`
+to ``RUN/checkpoints/<trainer>/step-<step>.pt``; the ``keep`` newest of each are kept. A trainer
+that starts with a checkpointer continues from its newest saved state, which is how a trainer
+whose worker died, or a run resumed with ``carls-dask run --resume``, comes back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+import re
+from typing import Any
+
+__all__ = ["Checkpointer"]
+
+logger = logging.getLogger(__name__)
+
+_STATE = re.compile(r"^step-(\d+)\.pt$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpointer:
+    """Where and how often a run's trainers save their state and the bank is snapshotted.
+
+    Attributes
+    ----------
+    run_dir
+        The run folder.
+    every
+        Trainer steps between checkpoints (0: only the one at the end).
+    keep
+        Newest snapshots and trainer states kept.
+    bank_root
+        The bank store (``RUN/bank``) when the run has a bank, else ``None``.
+    """
+
+    run_dir: str
+    every: int
+    keep: int
+    bank_root: str | None = None
+
+    def state_dir(self, trainer: str) -> pathlib.Path:
+        """The folder of ``trainer``'s saved states."""
+        return pathlib.Path(self.run_dir) / "checkpoints" / trainer
+
+    def due(self, step: int) -> bool:
+        """Whether a checkpoint is due after ``step`` steps."""
+        return self.every > 0 and step > 0 and step % self.every == 0
+
+    def snapshot_bank(self, bank: Any, step: int) -> int:
+        """Snapshot ``bank`` at ``step`` into :attr:`bank_root` and prune to :attr:`keep`; returns the version."""
+        from carls_dask.storage.bankstore import prune_snapshots
+
+        assert self.bank_root is not None
+        version = int(bank.snapshot(self.bank_root, int(step)))
+        prune_snapshots(self.bank_root, self.keep)
+        logger.info("bank snapshot v%d at step %d", version, step)
+        return version
+
+    def save(self, trainer: str, step: int, state: Any, bank: Any = None) -> None:
+        """Snapshot ``bank`` (when given) and save ``state`` of ``trainer`` at ``step``, then prune old ones.
+
+        The state file is written under a temporary name and renamed, so a reader never sees half a file.
+        """
+        import torch
+
+        if bank is not None and self.bank_root is not None:
+            self.snapshot_bank(bank, step)
+        folder = self.state_dir(trainer)
+        folder.mkdir(parents=True, exist_ok=True)
+        final = folder / f"step-{int(step):09d}.pt"
+        tmp = folder / f".{final.name}.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, final)
+        for old in self._states(trainer)[:-self.keep]:
+            old[1].unlink(missing_ok=True)
+
+    def _states(self, trainer: str) -> list[tuple[int, pathlib.Path]]:
+        folder = self.state_dir(trainer)
+        if not folder.is_dir():
+            return []
+        found = []
+        for p in folder.iterdir():
+            m = _STATE.match(p.name)
+            if m:
+                found.append((int(m.group(1)), p))
+        return sorted(found)
+
+    def newest_step(self, trainer: str) -> int | None:
+        """The step of ``trainer``'s newest saved state, or ``None``."""
+        states = self._states(trainer)
+        return states[-1][0] if states else None
+
+    def newest(self, trainer: str) -> dict[str, Any] | None:
+        """``trainer``'s newest saved state, or ``None`` when it has none."""
+        import torch
+
+        states = self._states(trainer)
+        if not states:
+            return None
+        step, path = states[-1]
+        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
+        logger.info("trainer %s: continuing from its state at step %d (%s)", trainer, step, path)
+        return state

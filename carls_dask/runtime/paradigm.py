@@ -1,0 +1,129 @@
+"""The paradigm contract: what a learning paradigm gives the runner, and nothing about how it is run.
+
+A paradigm is a subclass of :class:`Paradigm` that names:
+
+- ``settings_type``: a typed, documented settings dataclass, validated on construction;
+- ``variants``: named settings overrides (a baseline and the variants compared against it);
+- :meth:`Paradigm.tables`: the bank tables it needs (none: no bank);
+- :meth:`Paradigm.loops`: its trainers (the first is the primary one: its step is the run's step)
+  and knowledge makers;
+- :meth:`Paradigm.summarize`: the figures of a finished run, from the loops' results;
+- optionally :meth:`Paradigm.prepare` (checks and resolves data on the client before a cluster
+  starts), :meth:`Paradigm.initialise` (fills the bank before the loops start) and
+  :meth:`Paradigm.write_artifacts` (extra files of the run folder, such as held-out truth).
+
+:func:`carls_dask.runtime.runner.run_paradigm` runs it on a Workbench and
+:func:`carls_dask.runtime.runner.run_inline` in this process in lock step; ``carls-dask run NAME``
+finds it through the ``carls_dask.paradigms`` entry-point group. ``docs/writing-a-paradigm.md``
+builds one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from carls_dask.runtime.context import LoopResult
+from carls_dask.runtime.maker import KnowledgeMaker
+from carls_dask.runtime.settings import describe_settings, settings_from_options
+from carls_dask.runtime.trainer import Trainer
+from carls_dask.storage.errors import ConfigError
+
+__all__ = ["Paradigm"]
+
+
+class Paradigm:
+    """Base class of a learning paradigm; subclass it and set the class attributes.
+
+    Attributes
+    ----------
+    name
+        The name ``carls-dask run`` knows it by.
+    description
+        One line on what it learns.
+    settings_type
+        The settings dataclass. It must have ``steps`` (the primary trainer's steps) and ``seed``
+        fields, and validate itself in ``__post_init__``.
+    variants
+        Named overrides of the settings' defaults; the first is the default variant unless
+        ``default_variant`` says otherwise.
+    default_variant
+        The variant a run uses when none is named.
+    headline
+        Names of the figures printed when a run ends.
+    unprefixed
+        Series the metric store also gets without the loop's name, by loop kind (the names
+        dashboards read): ``{"trainer": ("pacing", ...), "maker": ("pl_precision", ...)}``.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    settings_type: ClassVar[type] = object
+    variants: ClassVar[Mapping[str, Mapping[str, Any]]] = {"default": {}}
+    default_variant: ClassVar[str | None] = None
+    headline: ClassVar[tuple[str, ...]] = ()
+    unprefixed: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+
+    # -- settings ----------------------------------------------------------------------------
+    def variant_name(self, variant: str | None) -> str:
+        """``variant``, or the default one; raises :class:`ConfigError` for an unknown name."""
+        if variant is None:
+            return self.default_variant or next(iter(self.variants))
+        if variant not in self.variants:
+            raise ConfigError(f"paradigm {self.name!r}: unknown variant {variant!r}; expected one of {list(self.variants)}")
+        return variant
+
+    def settings(self, variant: str | None = None, options: Mapping[str, str] | None = None,
+                 **overrides: Any) -> Any:
+        """The settings of ``variant`` with ``overrides`` (typed values) and ``options`` (``key=value`` strings).
+
+        Raises
+        ------
+        ConfigError
+            For an unknown variant or setting, or a value the settings reject.
+        """
+        name = self.variant_name(variant)
+        fields = {f.name for f in dataclasses.fields(self.settings_type) if f.init}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise ConfigError(f"paradigm {self.name!r}: unknown settings {unknown}; expected some of {sorted(fields)}")
+        base = {**self.variants[name], **overrides}
+        return settings_from_options(self.settings_type, options or {}, base=base, owner=f"paradigm {self.name!r}")
+
+    def describe(self, variant: str | None = None) -> list[Any]:
+        """Every setting with its type, default (in ``variant``) and meaning."""
+        return describe_settings(self.settings_type, self.settings(variant))
+
+    # -- what a run is made of --------------------------------------------------------------
+    def prepare(self, settings: Any) -> Any:
+        """Check and resolve what the loops need (data folders...) on the client; returns the settings to run.
+
+        Runs before any cluster starts, so a missing data set fails fast. Default: unchanged.
+        """
+        return settings
+
+    def tables(self, settings: Any) -> Sequence[Any]:
+        """The :class:`~carls_dask.bank.TableSpec` of every bank table; empty runs without a bank."""
+        return []
+
+    def loops(self, settings: Any) -> Sequence[Trainer | KnowledgeMaker]:
+        """The trainers, then the knowledge makers. The first trainer is the primary one."""
+        raise NotImplementedError(f"{type(self).__name__} must implement loops()")
+
+    def initialise(self, bank: Any, settings: Any) -> None:
+        """Fill the bank before the loops start (runs as a task on the cluster, or in-process). Default: nothing."""
+
+    def write_artifacts(self, settings: Any, run_dir: pathlib.Path) -> None:
+        """Write extra files of the run folder (e.g. ``truth.npz``) before the loops start. Default: none."""
+
+    def summarize(self, settings: Any, results: Mapping[str, LoopResult]) -> dict[str, Any]:
+        """The figures of a finished run. Default: the primary trainer's ``finish()`` value when it is a mapping."""
+        for result in results.values():
+            if result.kind == "trainer" and isinstance(result.value, Mapping):
+                return dict(result.value)
+        return {}
+
+    def __repr__(self) -> str:
+        return f"<Paradigm {self.name!r} variants {list(self.variants)}>"
