@@ -131,6 +131,11 @@ class MetricWriter:
         self._last_step: int | None = self._index.get("last_step")
 
     @property
+    def last_step(self) -> int | None:
+        """The step of the newest row (buffered or committed), or ``None`` for an empty store."""
+        return self._last_step
+
+    @property
     def rows(self) -> int:
         """Rows committed to the store (buffered rows not included)."""
         return int(self._index["rows"])

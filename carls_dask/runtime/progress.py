@@ -136,6 +136,7 @@ class ProgressSink:
 
             self._writer = MetricWriter(metrics_path, run=run)
         self._last_step = -1
+        self._lock = threading.Lock()
         self.rows_written = 0
 
     def set_total(self, total: int | None) -> None:
@@ -144,17 +145,31 @@ class ProgressSink:
             self._bar.total = total
             self._bar.refresh()
 
+    def record(self) -> None:
+        """Append a metric row when the trainers' step passed the store's newest row.
+
+        Called after every report, so the store gets a row for each trainer report (every
+        ``carls.run.metrics-every`` steps and after every evaluation), not a time-sampled subset. A
+        trainer continued from an earlier step writes again once it passes the newest row.
+        """
+        if self._writer is None or not self.book.events:
+            return
+        with self._lock:  # the Workbench records from its monitor thread and from the caller's
+            step = self.book.trainer_step()
+            last = self._writer.last_step
+            if step > self._last_step and (last is None or step > last):
+                row = {k: v for k, v in self.book.row().items() if not math.isnan(v)}
+                self._writer.append(step, **row)
+                self.rows_written += 1
+            self._last_step = max(self._last_step, step)
+
     def flush(self) -> None:
         """Draw the newest values and append a metric row if the trainers' step advanced."""
         step = self.book.trainer_step()
         if self._bar is not None and step > self._bar.n:
             self._bar.set_postfix_str(self.book.summary(), refresh=False)
             self._bar.update(step - self._bar.n)  # redraws at most once per mininterval
-        if self._writer is not None and step > self._last_step and self.book.events:
-            row = {k: v for k, v in self.book.row().items() if not math.isnan(v)}
-            self._writer.append(step, **row)
-            self._last_step = step
-            self.rows_written += 1
+        self.record()
 
     def close(self) -> None:
         """Write what is left and close the bar and the metric writer."""

@@ -388,7 +388,9 @@ def run_inline(paradigm: Paradigm | str, settings: Any = None, *, variant: str |
     try:
         if bank is not None and not plan.resume and _has_initialise(p):
             p.initialise(bank, s)
-        for d in [*tdrivers, *(md for _, md in mdrivers)]:
+        # makers first: a trainer's setup and saved state then fix torch's random state for its steps
+        # alone, whether the run starts afresh or continues from a checkpoint
+        for d in [*(md for _, md in mdrivers), *tdrivers]:
             started.append(d)
             d.begin()
         running = list(tdrivers)

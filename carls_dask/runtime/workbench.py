@@ -406,6 +406,8 @@ class Workbench:
             _, msg = self._events.popleft()
             if isinstance(msg, dict):
                 self.book.update(msg)
+                if self._sink is not None and msg.get("kind") == "trainer":
+                    self._sink.record()  # a metric row per trainer report
 
     def _check_lost_workers(self) -> None:
         """React to workers that were removed while running a loop (reports of the Workbench's watch).

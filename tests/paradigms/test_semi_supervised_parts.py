@@ -318,24 +318,3 @@ def test_neighbour_temperature_sharpens_the_bank_targets(cora) -> None:  # type:
         terms[temp] = core.train_step(b, neighbour_logits=nb, neighbour_present=present)["graph"]
         assert terms[temp] == pytest.approx(float(expected), rel=1e-5)
     assert terms[0.5] != pytest.approx(terms[1.0], rel=1e-3)
-
-
-# -- in-process driver --------------------------------------------------------------------------------
-def test_inline_run_is_deterministic_and_labels_only_after_the_warm_up() -> None:
-    from carls_dask.paradigms.semi_supervised.inline import run_inline
-
-    torch.set_num_threads(1)
-    cfg = SemiSupervisedConfig(mode="bank", pseudo_labels=True, pseudo_selection="balanced", pseudo_fraction=0.2,
-                               pseudo_warmup=10, k=3, steps=20, hidden=(16,), unlabelled_batch=64, eval_every=5)
-    first = run_inline(cfg, data_dir=_data_dir(), publish_every=5)
-    again = run_inline(cfg, data_dir=_data_dir(), publish_every=5)
-    assert first["steps"] == 20 and first["bank_lookups"] == 20
-    assert first["test_acc"] == again["test_acc"] and first["makers"] == again["makers"]
-    pl = first["makers"]["pseudo-labeller"]
-    # the last round (model step 15) labels 0.2 of the 2568 unlabelled nodes at most: 73 per class
-    assert 0 < pl["pl_count"] <= 7 * 73 and pl["pl_coverage"] == pytest.approx(pl["pl_count"] / 2568)
-    assert 0.0 <= pl["pl_precision"] <= 1.0
-    assert first["makers"]["neighbour-maker"]["rows"] == 2708
-    cfg.pseudo_warmup = 100
-    late = run_inline(cfg, data_dir=_data_dir(), publish_every=5)
-    assert late["makers"]["pseudo-labeller"]["pl_count"] == 0.0

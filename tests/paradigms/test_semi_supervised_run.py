@@ -1,17 +1,26 @@
-"""The semi-supervised paradigm end to end on a real LocalCluster: bank, makers, run folder."""
+"""The semi-supervised paradigm through the runner: what it learns, its run folder, and surviving worker loss."""
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
 
+import dask
 import numpy as np
 import pytest
 
 from carls_dask.paradigms.data.planetoid import find_data_dir
-from carls_dask.paradigms.semi_supervised.core import SemiSupervisedConfig
-from carls_dask.paradigms.semi_supervised.run import ALL_NODES, config_from_options, run_semi_supervised
+from carls_dask.paradigms.semi_supervised.paradigm import ALL_NODES, SemiSupervised
+from carls_dask.runtime import run_inline, run_paradigm
 from carls_dask.storage.errors import ConfigError, StoreNotFoundError
+
+PARADIGM = SemiSupervised()
 
 
 @pytest.fixture(scope="module")
@@ -22,130 +31,231 @@ def data_dir() -> pathlib.Path:
         pytest.skip(f"the Planetoid files are not present: {exc}")
 
 
-def test_bank_run_writes_knowledge_with_provenance_and_pseudo_label_quality(
-    client: object, data_dir: pathlib.Path, tmp_path: pathlib.Path
-) -> None:
-    from carls_dask.storage import open_bank, open_metrics
+def test_bank_and_pseudo_labels_beat_the_base_mlp_by_ten_points(data_dir: pathlib.Path) -> None:
+    """The learning effect on Cora, on the deterministic in-process driver: a regression fails here."""
+    acc = {}
+    for variant in ("base", "bank+pseudo"):
+        result = run_inline(PARADIGM, PARADIGM.settings(variant, steps=100, data_dir=str(data_dir)), variant=variant)
+        acc[variant] = result["test_acc"]
+    assert acc["bank+pseudo"] >= acc["base"] + 0.10, acc
 
-    cfg = SemiSupervisedConfig(mode="bank", pseudo_labels=True, k=3, steps=24, unlabelled_batch=64,
-                               hidden=(32,), threshold=0.3, eval_every=8, seed=1)
+
+def test_inline_runs_repeat_exactly_and_label_only_after_the_warm_up(data_dir: pathlib.Path) -> None:
+    s = PARADIGM.settings("bank+pseudo", pseudo_fraction=0.2, pseudo_warmup=10, k=3, steps=20, hidden=(16,),
+                          unlabelled_batch=64, eval_every=5, publish_every=5, data_dir=str(data_dir))
+    first = run_inline(PARADIGM, s)
+    again = run_inline(PARADIGM, s)
+    timing = ("lookup_ms", "mean_neighbour_age_s", "train_steps_per_s")
+    assert {k: v for k, v in first.figures.items() if k not in timing} == {
+        k: v for k, v in again.figures.items() if k not in timing}
+    assert first["steps"] == 20 and first["bank_lookups"] == 20
+    # the last round (model step 20) labels 0.2 of the 2568 unlabelled nodes at most: 73 per class
+    assert 0 < first["pl_count"] <= 7 * 73 and first["pl_coverage"] == pytest.approx(first["pl_count"] / 2568)
+    assert first.results["neighbour-maker"].metrics["rows"] == 2708
+    late = run_inline(PARADIGM, PARADIGM.settings("bank+pseudo", pseudo_warmup=100, k=3, steps=20, hidden=(16,),
+                                                  unlabelled_batch=64, publish_every=5, data_dir=str(data_dir)))
+    assert late["pl_count"] == 0.0
+
+
+def test_open_bank_between_snapshots_equals_the_bank_at_that_step(data_dir: pathlib.Path,
+                                                                  tmp_path: pathlib.Path) -> None:
+    """The delta log carries the trainer's step: a point-in-time read between snapshots is exact."""
+    from carls_dask.storage import list_snapshots, open_bank
+
+    seen: dict[str, Any] = {}
+
+    def at_step(step: int, bank: Any) -> None:
+        if step == 75:
+            for table in ("nodes", "pseudo_labels"):
+                keys = np.sort(bank.keys(table))
+                seen[table] = (keys, bank.lookup(table, keys))
+
+    s = PARADIGM.settings("bank+pseudo", steps=100, hidden=(16,), data_dir=str(data_dir))
     run = tmp_path / "run"
-    result = run_semi_supervised(cfg, cluster=client, run_dir=run, data_dir=data_dir, publish_every=6,
-                                 progress=False, timeout=240)
+    with dask.config.set({"carls.run.snapshot-every": 50}):
+        run_inline(PARADIGM, s, run_dir=run, on_step=at_step)
+    assert [snap["step"] for snap in list_snapshots(run / "bank")] == [50, 100]
+    nodes = open_bank(run / "bank", step=75, table="nodes")
+    keys, got = seen["nodes"]
+    np.testing.assert_array_equal(nodes["key"].values, keys)
+    np.testing.assert_array_equal(nodes["logits"].values, got.values["logits"])
+    np.testing.assert_array_equal(nodes["model_step"].values, got.model_step)
+    assert int(nodes["model_step"].max()) == 70  # the makers' round after the step-70 version
+    labels = open_bank(run / "bank", step=75, table="pseudo_labels")
+    keys, got = seen["pseudo_labels"]
+    np.testing.assert_array_equal(labels["key"].values, keys)
+    np.testing.assert_array_equal(labels["pseudo_label"].values, got.values["pseudo_label"])
+    assert open_bank(run / "bank", step=100, table="nodes")["model_step"].max() == 100
+
+
+def test_a_run_resumed_from_its_newest_checkpoint_ends_as_an_uninterrupted_one(data_dir: pathlib.Path,
+                                                                                tmp_path: pathlib.Path) -> None:
+    from carls_dask.runtime import resume_run
+
+    small = {"hidden": (16,), "unlabelled_batch": 256, "pseudo_warmup": 10, "pseudo_ramp": 20,
+             "data_dir": str(data_dir)}
+    with dask.config.set({"carls.run.snapshot-every": 10}):
+        # the process "dies" after its step-30 checkpoint
+        run_inline(PARADIGM, PARADIGM.settings("bank+pseudo", steps=30, **small), run_dir=tmp_path / "cut")
+        resumed = resume_run(tmp_path / "cut", steps=50)
+        straight = run_inline(PARADIGM, PARADIGM.settings("bank+pseudo", steps=50, **small),
+                              run_dir=tmp_path / "straight")
+    assert resumed.resumed_from == 30 and resumed.loops["trainer"]["steps"] == 20
+    for key in ("test_acc", "best_val_acc", "best_step", "pl_precision", "pl_coverage"):
+        assert resumed[key] == straight[key], key
+
+
+def test_settings_variants_and_options() -> None:
+    s = PARADIGM.settings(None, {"dataset": "citeseer", "k": "10", "hidden": "128,32", "threshold": "0.8",
+                                 "steps": "50"})
+    assert (s.dataset, s.k, s.hidden, s.pseudo_labels, s.threshold, s.steps) == ("citeseer", 10, (128, 32), True,
+                                                                                  0.8, 50)
+    assert PARADIGM.settings("base").pseudo_labels is False and PARADIGM.settings("base").mode == "base"
+    bank = PARADIGM.settings()
+    assert (bank.unlabelled_batch, bank.neighbour_temperature, bank.threshold, bank.pseudo_selection) == (
+        ALL_NODES, 0.5, 0.99, "balanced")
+    assert PARADIGM.settings("in-graph").unlabelled_batch == 512
+    with pytest.raises(ConfigError, match=r"'colour'='red': unknown; expected one of"):
+        PARADIGM.settings(None, {"colour": "red"})
+    with pytest.raises(ConfigError, match=r"setting k='many': expected int"):
+        PARADIGM.settings(None, {"k": "many"})
+    with pytest.raises(ConfigError, match=r"pseudo_labels need mode 'bank'"):
+        PARADIGM.settings("base", {"pseudo_labels": "true"})
+
+
+def test_bank_run_on_the_cluster_writes_a_durable_run_folder(client: object, data_dir: pathlib.Path,
+                                                             tmp_path: pathlib.Path) -> None:
+    from carls_dask.storage import list_snapshots, open_bank, open_metrics
+
+    s = PARADIGM.settings("bank+pseudo", pseudo_selection="threshold", threshold=0.3, pseudo_warmup=0, k=3, steps=24,
+                          unlabelled_batch=64, hidden=(32,), eval_every=8, seed=1, publish_every=6,
+                          data_dir=str(data_dir))
+    run = tmp_path / "run"
+    with dask.config.set({"carls.run.snapshot-every": 8, "carls.run.metrics-every": 4}):
+        result = run_paradigm(PARADIGM, s, run_dir=run, cluster=client, progress=False, timeout=240)
     assert result["steps"] == 24 and result["bank_lookups"] == 24  # one neighbour lookup per step
-    assert 0.0 <= result["test_acc"] <= 1.0 and result["best_step"] in (8, 16, 24)
-    assert result["maker_rounds"]["neighbour-maker"] >= 1 and result["maker_rounds"]["pseudo-labeller"] >= 1
-    pl = result["makers"]["pseudo-labeller"]
-    assert 0.0 < pl["pl_coverage"] <= 1.0 and 0.0 <= pl["pl_precision"] <= 1.0  # threshold 0.3 < 1/7 * 7 labels some
+    assert result["best_step"] in (8, 16, 24) and result["test_acc"] > 0.3  # 7 classes: chance is 0.14
+    assert result["neighbour-maker_rounds"] >= 1 and result["pseudo-labeller_rounds"] >= 1
+    # snapshots tied to the trainer's steps, a delta log, and the trainer's states beside them
+    assert [snap["step"] for snap in list_snapshots(run / "bank")] == [8, 16, 24]
+    assert [snap["step"] for snap in result.snapshots] == [8, 16, 24]
+    assert any((run / "bank").glob("delta/**/*"))
+    assert sorted(p.name for p in (run / "checkpoints" / "trainer").iterdir()) == [
+        "step-000000008.pt", "step-000000016.pt", "step-000000024.pt"]
+    record = json.loads((run / "result.json").read_text(), parse_constant=lambda c: pytest.fail(c))
+    assert record["variant"] == "bank+pseudo" and record["driver"] == "workbench" and record["settings"]["k"] == 3
 
     nodes = open_bank(run / "bank", table="nodes")
-    assert nodes.sizes["key"] == 2708  # every node, test nodes included
-    assert sorted(nodes["key"].values.tolist()) == list(range(2708))
-    assert nodes["logits"].shape == (2708, 7) and nodes["embedding"].shape == (2708, 32)
+    assert sorted(nodes["key"].values.tolist()) == list(range(2708))  # every node, test nodes included
     assert set(np.unique(nodes["maker"].values)) == {"neighbour-maker"}
-    assert int(nodes["model_step"].min()) >= 6  # written from a published model version
-    assert bool(np.isfinite(nodes["logits"].values).all()) and float(np.abs(nodes["logits"].values).sum()) > 0
-
+    assert int(nodes["model_step"].max()) == 24  # the makers' final pass used the final model
     labels = open_bank(run / "bank", table="pseudo_labels")
     keys = labels["key"].values
-    truth = np.load(run / "truth.npz")
     assert not set(keys.tolist()) & set(range(140))  # labelled-train nodes never get a pseudo label
-    assert set(keys.tolist()) <= set(truth["keys"].tolist())
     assert bool((labels["confidence"].values >= 0.3).all())
-    assert set(np.unique(labels["maker"].values)) == {"pseudo-labeller"}
-    # the reported precision is the share of stored labels that match held-out truth
-    lookup = dict(zip(truth["keys"].tolist(), truth["labels"].tolist(), strict=True))
-    precision = float(np.mean([lookup[k] == p for k, p in zip(keys.tolist(), labels["pseudo_label"].values.tolist(),
-                                                                strict=True)]))
-    assert precision == pytest.approx(pl["pl_precision"])
-
-    metrics = open_metrics(run / "metrics.zarr")
-    # (maker reports that arrive after the trainer's last step are not rows of the store, so the
-    # pseudo-label series are checked on the run's result above)
-    for name in ("trainer.neighbour_found", "trainer.val_acc", "train_loss", "steps_per_s"):
-        assert name in metrics.data_vars, name
-    # a fast trainer can end its 24 steps before the maker's first rows land: the age series exists
-    # once a step found neighbour rows
-    if np.isfinite(result["mean_neighbour_age_s"]):
-        assert "trainer.neighbour_age_s" in metrics.data_vars or int(metrics.sizes["step"]) == 1
-    else:
-        assert float(metrics["trainer.neighbour_found"].max()) == 0.0
-    assert int(metrics["step"].max()) <= 24
-    record = json.loads((run / "semi_supervised.json").read_text())
-    assert record["config"]["k"] == 3 and record["result"]["steps"] == 24
-
-    # a folder that already holds a run is refused, and left as it was
-    before = sorted(p.name for p in run.iterdir())
-    with pytest.raises(ConfigError, match="already holds files"):
-        run_semi_supervised(cfg, cluster=client, run_dir=run, data_dir=data_dir, progress=False)
-    assert sorted(p.name for p in run.iterdir()) == before
-
-
-def test_baseline_runs_need_no_bank(client: object, data_dir: pathlib.Path) -> None:
-    cfg = SemiSupervisedConfig(mode="in-graph", k=2, steps=10, unlabelled_batch=32, hidden=(16,), eval_every=5)
-    result = run_semi_supervised(cfg, cluster=client, data_dir=data_dir, progress=False, timeout=120)
-    assert result["bank_lookups"] == 0 and result["makers"] == {} and result["steps"] == 10
-
-
-def test_options_from_the_command_line() -> None:
-    cfg = config_from_options({"dataset": "citeseer", "k": "10", "hidden": "128,32", "pseudo-labels": "false",
-                               "threshold": "0.8", "data_dir": "/x"}, steps=50)
-    assert (cfg.dataset, cfg.k, cfg.hidden, cfg.pseudo_labels, cfg.threshold, cfg.steps) == (
-        "citeseer", 10, (128, 32), False, 0.8, 50)
-    assert config_from_options({}).pseudo_labels is True
-    assert config_from_options({"mode": "base"}).pseudo_labels is False
-    bank = config_from_options({})
-    assert (bank.unlabelled_batch, bank.neighbour_temperature, bank.threshold) == (ALL_NODES, 0.5, 0.99)
-    assert bank.unlabelled_batch >= 2708
-    assert (bank.pseudo_selection, bank.pseudo_fraction, bank.pseudo_alpha, bank.pseudo_agreement,
-            bank.pseudo_warmup, bank.pseudo_ramp) == ("balanced", 0.4, 0.9, False, 20, 50)
-    agree = config_from_options({"pseudo_agreement": "true", "pseudo_selection": "threshold", "pseudo_warmup": "5"})
-    assert (agree.pseudo_agreement, agree.pseudo_selection, agree.pseudo_warmup) == (True, "threshold", 5)
-    mine = config_from_options({"neighbour-temperature": "0.7", "unlabelled_batch": "64"})
-    assert (mine.unlabelled_batch, mine.neighbour_temperature) == (64, 0.7)
-    base = config_from_options({"mode": "in-graph"})
-    assert (base.unlabelled_batch, base.neighbour_temperature, base.threshold) == (512, 1.0, 0.6)
-    with pytest.raises(ConfigError, match=r"'colour': unknown; expected one of"):
-        config_from_options({"colour": "red"})
-    with pytest.raises(ConfigError, match=r"k='many'"):
-        config_from_options({"k": "many"})
-
-
-@pytest.mark.slow
-def test_cli_run_semi_supervised_writes_a_run_folder(data_dir: pathlib.Path, tmp_path: pathlib.Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    from carls_dask.cli import main
-    from carls_dask.storage import open_bank, open_metrics
-
-    run = tmp_path / "cli-run"
-    status = main(["run", "semi-supervised", "--dataset", "cora", "--steps", "12", "--run-dir", str(run),
-                   "-o", "unlabelled_batch=32", "-o", "hidden=16", "-o", f"data_dir={data_dir}"])
-    assert status == 0
-    assert "cora bank + pseudo labels: test accuracy" in capsys.readouterr().out
-    assert {"bank", "metrics.zarr", "run.json", "truth.npz"} <= {p.name for p in run.iterdir()}
-    assert open_bank(run / "bank", table="nodes").sizes["key"] == 2708
-    assert int(open_metrics(run / "metrics.zarr")["step"].max()) <= 12
-
-
-def test_balanced_pseudo_labels_on_the_cluster_keep_each_class_quota(
-    client: object, data_dir: pathlib.Path, tmp_path: pathlib.Path
-) -> None:
-    from carls_dask.storage import open_bank
-
-    cfg = SemiSupervisedConfig(mode="bank", pseudo_labels=True, pseudo_selection="balanced", pseudo_fraction=0.2,
-                               pseudo_warmup=6, k=3, steps=24, unlabelled_batch=64, hidden=(16,), eval_every=8)
-    run = tmp_path / "run"
-    result = run_semi_supervised(cfg, cluster=client, run_dir=run, data_dir=data_dir, publish_every=6,
-                                 progress=False, timeout=240)
-    pl = result["makers"]["pseudo-labeller"]
-    labels = open_bank(run / "bank", table="pseudo_labels")
-    keys = labels["key"].values
-    # share 0.2 of the 2568 unlabelled nodes, at most round(0.2 * 2568 / 7) = 73 per class
-    assert 0 < len(keys) <= 7 * 73 and pl["pl_count"] == len(keys)
-    assert int(np.bincount(labels["pseudo_label"].values, minlength=7).max()) <= 73
-    assert not set(keys.tolist()) & set(range(140))
-    assert int(labels["model_step"].min()) >= 6  # nothing from before the warm-up
     truth = np.load(run / "truth.npz")
     lookup = dict(zip(truth["keys"].tolist(), truth["labels"].tolist(), strict=True))
     right = np.mean([lookup[k] == p for k, p in zip(keys.tolist(), labels["pseudo_label"].values.tolist(), strict=True)])
-    assert float(right) == pytest.approx(pl["pl_precision"])
+    assert float(right) == pytest.approx(result["pl_precision"])  # the reported precision is the stored labels'
+
+    metrics = open_metrics(run / "metrics.zarr")
+    steps = metrics["step"].values.tolist()
+    assert steps[:6] == [4, 8, 12, 16, 20, 24]  # a row every carls.run.metrics-every steps, not time-sampled
+    assert np.isfinite(metrics["trainer.val_acc"].sel(step=[8, 16, 24]).values).all()  # every evaluation
+    for name in ("train_loss", "steps_per_s", "test_acc", "trainer.neighbour_found"):
+        assert name in metrics.data_vars, name
+
+    before = sorted(p.name for p in run.iterdir())  # a folder that already holds a run is refused, unchanged
+    with pytest.raises(ConfigError, match="already holds files"):
+        run_paradigm(PARADIGM, s, run_dir=run, cluster=client, progress=False)
+    assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_baseline_runs_need_no_bank(client: object, data_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    s = PARADIGM.settings("in-graph", k=2, steps=10, unlabelled_batch=32, hidden=(16,), eval_every=5,
+                          data_dir=str(data_dir))
+    result = run_paradigm(PARADIGM, s, run_dir=tmp_path / "run", cluster=client, progress=False, timeout=120)
+    assert result["bank_lookups"] == 0 and set(result.loops) == {"trainer"} and result["steps"] == 10
+    assert result.snapshots == [] and not (tmp_path / "run" / "bank").exists()
+
+
+# -- worker loss in a real run ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def three_workers() -> Iterator[Any]:
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=":0") as cluster, Client(cluster) as c:
+        yield c
+
+
+def _holders(dask_scheduler: Any) -> dict[str, list[str]]:
+    return {str(k): [w.address for w in ts.who_has] or ([ts.processing_on.address] if ts.processing_on else [])
+            for k, ts in dask_scheduler.tasks.items()}
+
+
+def _kill_during(client: Any, run: pathlib.Path, after_step: int, pick: Any) -> dict[str, Any]:
+    """Start a thread that SIGKILLs the worker ``pick(holders)`` names once the trainer saved step ``after_step``."""
+    info: dict[str, Any] = {}
+
+    def watch() -> None:
+        target = run / "checkpoints" / "trainer" / f"step-{after_step:09d}.pt"
+        deadline = time.monotonic() + 300
+        while not target.exists():
+            if time.monotonic() > deadline:
+                info["error"] = f"{target} never appeared"
+                return
+            time.sleep(0.05)
+        worker = pick(client.run_on_scheduler(_holders))
+        pid = client.run(os.getpid, workers=[worker])[worker]
+        info["worker"] = worker
+        os.kill(pid, signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    info["thread"] = thread
+    return info
+
+
+def _one(holders: dict[str, list[str]], prefix: str) -> str:
+    found = [w for k, ws in holders.items() if k.startswith(prefix) or f"-{prefix}" in k for w in ws]
+    assert found, f"no task {prefix!r} among {sorted(holders)}"
+    return found[0]
+
+
+@pytest.mark.slow
+def test_a_cora_run_survives_losing_a_shard_worker_and_the_trainer_worker(three_workers: Any, data_dir: pathlib.Path,
+                                                                          tmp_path: pathlib.Path) -> None:
+    conf = {"carls.run.snapshot-every": 25, "carls.bank.rehome-timeout": "60s", "carls.runtime.poll-interval": "0.1s"}
+    s = PARADIGM.settings("bank+pseudo", steps=150, data_dir=str(data_dir))
+    results = {}
+    with dask.config.set(conf):
+        results["undisturbed"] = run_paradigm(PARADIGM, s, run_dir=tmp_path / "undisturbed", cluster=three_workers,
+                                              progress=False, timeout=600)
+
+        def shard_not_trainer(holders: dict[str, list[str]]) -> str:
+            trainer = _one(holders, "trainer-trainer")
+            return next(w for k, ws in holders.items() if "-shard-" in k for w in ws if w != trainer)
+
+        for case, pick in (("shard", shard_not_trainer), ("trainer", lambda h: _one(h, "trainer-trainer"))):
+            run = tmp_path / case
+            killer = _kill_during(three_workers, run, 50, pick)
+            results[case] = run_paradigm(PARADIGM, s, run_dir=run, cluster=three_workers, progress=False,
+                                         timeout=600)
+            killer["thread"].join(timeout=10)
+            assert "error" not in killer and "worker" in killer, killer
+            three_workers.cluster.scale(3)  # a new worker for the next case
+            three_workers.wait_for_workers(3, timeout=120)
+    from carls_dask.storage import open_bank
+
+    base = results["undisturbed"]["test_acc"]
+    for case in ("shard", "trainer"):
+        r = results[case]
+        assert abs(r["test_acc"] - base) <= 0.02, (case, r["test_acc"], base)
+        assert r["steps"] >= 150 - 50 and r.loops["trainer"]["reason"] == "max_steps"
+        # no acknowledged write lost: every node's row from the makers' final pass, every pseudo label reported
+        nodes = open_bank(tmp_path / case / "bank", table="nodes")
+        assert nodes.sizes["key"] == 2708 and int(nodes["model_step"].min()) == 150
+        assert open_bank(tmp_path / case / "bank", table="pseudo_labels").sizes["key"] == r["pl_count"]
+    assert results["trainer"].loops["trainer"]["restarts"] == 1
+    assert results["trainer"].resumed_from == 50  # the restarted trainer continued from its step-50 state

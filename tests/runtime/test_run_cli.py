@@ -1,61 +1,173 @@
-"""``carls-dask run``: the plumbing that finds a registered paradigm and hands it a RunRequest."""
+"""``carls-dask run``: finding a paradigm, its generated ``--help``, typed ``-o`` settings, result.json, --resume."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import pytest
 
 from carls_dask.cli import main
 from carls_dask.errors import ConfigError
-from carls_dask.runtime.registry import (
-    RunRequest,
-    available_paradigms,
-    get_paradigm,
-    register_paradigm,
-    unregister_paradigm,
-)
+from carls_dask.runtime import Paradigm, Trainer
+from carls_dask.runtime.registry import available_paradigms, get_paradigm, register_paradigm, unregister_paradigm
+from carls_dask.runtime.settings import describe_settings, field_docs, settings_from_options
+
+
+@dataclasses.dataclass(frozen=True)
+class LineSettings:
+    """Fit a line.
+
+    Parameters
+    ----------
+    steps
+        Trainer steps.
+    seed
+        Seed of nothing in particular.
+    lr, target
+        Learning rate and the value the weight should reach.
+    widths
+        Unused widths, to test tuple parsing.
+    note
+        Free text or none.
+    """
+
+    steps: int = 30
+    seed: int = 0
+    lr: float = 0.2
+    target: float = 3.0
+    widths: tuple[int, ...] = (4, 2)
+    note: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"LineSettings: lr={self.lr!r}; expected > 0")
+
+
+class LineTrainer(Trainer):
+    def __init__(self, s: LineSettings) -> None:
+        super().__init__("trainer", max_steps=s.steps, publish_every=10, eval_every=10)
+        self.s = s
+
+    def setup(self, ctx: Any) -> None:
+        import torch
+
+        self.model = torch.nn.Linear(1, 1, bias=False)
+        torch.nn.init.zeros_(self.model.weight)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=self.s.lr)
+
+    def step(self, step: int) -> Mapping[str, float]:
+        loss = (self.model.weight.sum() - self.s.target) ** 2
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return {"loss": float(loss.detach())}
+
+    def evaluate(self) -> Mapping[str, float]:
+        return {"weight": float(self.model.weight.item()), "nan_figure": float("nan")}
+
+
+class Line(Paradigm):
+    name = "line"
+    description = "fit one weight"
+    settings_type = LineSettings
+    variants = {"slow": {"lr": 0.05}, "fast": {}}
+    default_variant = "fast"
+    headline = ("weight",)
+
+    def loops(self, s: LineSettings) -> Sequence[Any]:
+        return [LineTrainer(s)]
+
+    def summarize(self, s: LineSettings, results: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(results["trainer"].metrics)
 
 
 @pytest.fixture
-def recorded() -> Iterator[list[RunRequest]]:
-    calls: list[RunRequest] = []
-
-    def runner(request: RunRequest) -> int:
-        calls.append(request)
-        return 3 if request.options.get("fail") == "yes" else 0
-
-    register_paradigm("toy-paradigm", runner)
+def line() -> Iterator[Line]:
+    p = Line()
+    register_paradigm(p)
     try:
-        yield calls
+        yield p
     finally:
-        unregister_paradigm("toy-paradigm")
+        unregister_paradigm("line")
 
 
-def test_run_hands_the_request_to_the_paradigm(recorded: list[RunRequest], tmp_path: pathlib.Path) -> None:
-    assert main(["run", "toy-paradigm", "--run-dir", str(tmp_path), "--steps", "12", "-o", "lr=0.5"]) == 0
-    assert recorded == [RunRequest("toy-paradigm", tmp_path, 12, {"lr": "0.5"})]
-    assert main(["run", "toy-paradigm", "-o", "fail=yes"]) == 3  # the paradigm's status is the exit status
-    assert recorded[-1].run_dir.parent == pathlib.Path("runs")
-    assert recorded[-1].run_dir.name.startswith("toy-paradigm-")
+def test_settings_parse_typed_values_and_name_the_bad_one() -> None:
+    s = settings_from_options(LineSettings, {"lr": "0.5", "widths": "8,4,2", "note": "none", "steps": "7"})
+    assert (s.lr, s.widths, s.note, s.steps) == (0.5, (8, 4, 2), None, 7)
+    with pytest.raises(ConfigError, match=r"setting steps='many': expected int"):
+        settings_from_options(LineSettings, {"steps": "many"})
+    with pytest.raises(ConfigError, match=r"setting 'colour'='red': unknown; expected one of \['lr', 'note'"):
+        settings_from_options(LineSettings, {"colour": "red"})
+    with pytest.raises(ConfigError, match=r"LineSettings: lr=-1.0; expected > 0"):
+        settings_from_options(LineSettings, {"lr": "-1"})
+    docs = field_docs(LineSettings)
+    assert docs["lr"] == docs["target"] == "Learning rate and the value the weight should reach."
+    info = {i.name: i for i in describe_settings(LineSettings)}
+    assert (info["widths"].type, info["note"].type, info["steps"].default) == ("ints a,b,...", "str or none", 30)
 
 
-def test_run_lists_and_rejects(recorded: list[RunRequest], capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_help_lists_every_setting_with_type_default_and_meaning(line: Line,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "line", "--variant", "slow", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "variants: slow, fast (default fast)" in out
+    assert "  lr (float, default 0.05)\n      Learning rate and the value the weight should reach." in out
+    for field in dataclasses.fields(LineSettings):
+        assert f"  {field.name} (" in out
+
+
+def test_run_writes_strict_result_json_and_prints_the_headline(line: Line, tmp_path: pathlib.Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    assert main(["run", "line", "--inline", "--run-dir", str(run), "--steps", "40", "-o", "lr=0.1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("line fast (seed 0): weight 2.99") and f"run folder {run}" in out
+    text = (run / "result.json").read_text()
+    result = json.loads(text, parse_constant=lambda c: pytest.fail(f"result.json holds {c}"))
+    assert result["schema"] == "carls-dask/result/1"
+    assert (result["paradigm"], result["variant"], result["driver"]) == ("line", "fast", "inline")
+    assert result["settings"]["lr"] == 0.1 and result["settings"]["steps"] == 40
+    assert result["figures"]["nan_figure"] is None  # NaN is written as null
+    assert result["loops"]["trainer"]["steps"] == 40 and result["loops"]["trainer"]["reason"] == "max_steps"
+    assert {"carls-dask", "torch", "dask"} <= set(result["versions"])
+    assert result["wall_seconds"] > 0
+    # --resume continues from the newest saved state: the weight then matches 80 uninterrupted steps
+    assert main(["run", "--resume", str(run), "--steps", "80"]) == 0
+    resumed = json.loads((run / "result.json").read_text())
+    assert resumed["resumed_from"] == 40 and resumed["loops"]["trainer"]["steps"] == 40
+    straight = tmp_path / "straight"
+    assert main(["run", "line", "--inline", "--run-dir", str(straight), "--steps", "80", "-o", "lr=0.1"]) == 0
+    assert resumed["figures"]["weight"] == json.loads((straight / "result.json").read_text())["figures"]["weight"]
+
+
+def test_run_lists_and_refuses_without_running(line: Line, tmp_path: pathlib.Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--list"]) == 0
-    assert "toy-paradigm" in capsys.readouterr().out.split()
+    assert "line: fit one weight (variants: slow, fast)" in capsys.readouterr().out
     assert main(["run", "no-such-thing"]) == 1
     err = capsys.readouterr().err
-    assert "unknown paradigm 'no-such-thing'; available:" in err and "toy-paradigm" in err
-    assert main(["run", "toy-paradigm", "-o", "novalue"]) == 1
+    assert "unknown paradigm 'no-such-thing'; available:" in err and "line" in err
+    run = tmp_path / "refused"
+    assert main(["run", "line", "--run-dir", str(run), "-o", "novalue"]) == 1
     assert "got 'novalue'; expected KEY=VALUE" in capsys.readouterr().err
-    assert recorded == []  # nothing ran after a refused request
+    assert main(["run", "line", "--run-dir", str(run), "-o", "lr=fast"]) == 1
+    assert "paradigm 'line' setting lr='fast': expected float" in capsys.readouterr().err
+    assert main(["run", "line", "--run-dir", str(run), "--variant", "medium"]) == 1
+    assert "unknown variant 'medium'; expected one of ['slow', 'fast']" in capsys.readouterr().err
+    assert not run.exists()  # nothing ran after a refused request
+    assert main(["run", "--resume", str(tmp_path / "nothing")]) == 1
+    assert "no request.json there" in capsys.readouterr().err
 
 
-def test_registry_refuses_duplicates_and_non_callables(recorded: list[RunRequest]) -> None:
-    with pytest.raises(ConfigError, match="'toy-paradigm' is already registered"):
-        register_paradigm("toy-paradigm", lambda r: 0)
-    with pytest.raises(ConfigError, match="runner must be callable, got int"):
-        register_paradigm("other", 5)  # type: ignore[arg-type]
-    assert "other" not in available_paradigms()
-    assert get_paradigm("toy-paradigm") is not None
+def test_registry_refuses_duplicates_and_non_paradigms(line: Line) -> None:
+    with pytest.raises(ConfigError, match="'line' is already registered"):
+        register_paradigm(Line())
+    with pytest.raises(ConfigError, match="expected a Paradigm subclass or instance, got int"):
+        register_paradigm(5)  # type: ignore[arg-type]
+    assert "line" in available_paradigms()
+    assert get_paradigm("line") is line
+    assert {"semi-supervised", "curriculum", "multimodal"} <= set(available_paradigms())
