@@ -13,7 +13,12 @@ import pytest
 from carls_dask.cli import main
 from carls_dask.errors import ConfigError
 from carls_dask.runtime import Paradigm, Trainer
-from carls_dask.runtime.registry import available_paradigms, get_paradigm, register_paradigm, unregister_paradigm
+from carls_dask.runtime.registry import (
+    available_paradigms,
+    get_paradigm,
+    register_paradigm,
+    unregister_paradigm,
+)
 from carls_dask.runtime.settings import describe_settings, field_docs, settings_from_options
 
 
