@@ -13,8 +13,9 @@ K=1 rate while in-graph falls to <= 0.35x; pseudo labels add accuracy (the per-s
 bank + pseudo labels against bank, same seeds, is printed with its mean and spread). Steps/s are
 measured inside the trainer over its step bodies (evaluation excluded), with the makers running beside it.
 
-``--in-process`` runs the accuracy part with :func:`carls_dask.paradigms.semi_supervised.inline.run_inline`
-(the same trainer and makers in one process, makers in lock step every 10 steps, torch threads 1):
+Every run goes through the paradigm runner: :func:`carls_dask.runtime.run_paradigm` on the cluster, or
+with ``--in-process`` :func:`carls_dask.runtime.run_inline` for the accuracy part (the same trainer and
+makers in one process, makers in lock step every 10 steps, torch threads 1):
 deterministic per seed, so the variants' differences are paired exactly; the speed part always runs
 on the cluster (the bank lookup is the thing measured).
 
@@ -36,15 +37,17 @@ import sys
 import time
 from typing import Any
 
-from carls_dask.paradigms.semi_supervised.core import SemiSupervisedConfig
-from carls_dask.paradigms.semi_supervised.inline import run_inline
-from carls_dask.paradigms.semi_supervised.run import BANK_DEFAULTS, run_semi_supervised
+from carls_dask.paradigms.semi_supervised.paradigm import BANK_DEFAULTS, SemiSupervised
+from carls_dask.runtime import run_inline, run_paradigm
 
+PARADIGM = SemiSupervised()
+
+#: (printed name, the paradigm's variant)
 VARIANTS = (
-    ("base MLP", {"mode": "base"}),
-    ("in-graph (NSL style)", {"mode": "in-graph"}),
-    ("carls-dask bank", {"mode": "bank"}),
-    ("carls-dask bank + pseudo labels", {"mode": "bank", "pseudo_labels": True}),
+    ("base MLP", "base"),
+    ("in-graph (NSL style)", "in-graph"),
+    ("carls-dask bank", "bank"),
+    ("carls-dask bank + pseudo labels", "bank+pseudo"),
 )
 
 
@@ -67,7 +70,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bank-pseudo-weight", type=float, default=BANK_DEFAULTS["pseudo_weight"],
                    help="pseudo-label loss weight of the bank variants (chosen on the validation split)")
     p.add_argument("--bank-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other SemiSupervisedConfig field of the bank variants (pseudo_fraction=0.4, ...)")
+                   help="any other setting of the bank variants (pseudo_fraction=0.4, ...)")
     p.add_argument("--in-process", action="store_true",
                    help="accuracy runs in this process, makers in lock step (deterministic, paired seeds)")
     p.add_argument("--data-dir", default=None, help="data folder (default: carls.data.dir, CARLS_DATA_DIR, ../shared/data)")
@@ -84,24 +87,19 @@ def _fmt(values: list[float]) -> str:
     return f"{100 * mean:6.2f} ± {100 * sd:4.2f}"
 
 
-def _bank_options(args: argparse.Namespace) -> dict[str, Any]:
-    from carls_dask.paradigms.semi_supervised.run import config_from_options
-
-    given = dict(item.split("=", 1) for item in args.bank_option)
-    parsed = config_from_options(given) if given else None
-    extra = {key.replace("-", "_"): getattr(parsed, key.replace("-", "_")) for key in given}
-    return {**BANK_DEFAULTS, "unlabelled_batch": args.bank_unlabelled_batch,
-            "neighbour_temperature": args.bank_temperature, "threshold": args.bank_threshold,
-            "pseudo_weight": args.bank_pseudo_weight, **extra}
+def _bank_options(args: argparse.Namespace) -> dict[str, str]:
+    """The bank variants' settings the command line sets, as ``key=value`` strings for the paradigm."""
+    return {"unlabelled_batch": str(args.bank_unlabelled_batch), "neighbour_temperature": str(args.bank_temperature),
+            "threshold": str(args.bank_threshold), "pseudo_weight": str(args.bank_pseudo_weight),
+            **dict(item.split("=", 1) for item in args.bank_option)}
 
 
-def _run(client: Any, args: argparse.Namespace, in_process: bool = False, **kw: Any) -> dict[str, Any]:
-    if kw.get("mode") == "bank":
-        kw = {**_bank_options(args), **kw}
-    cfg = SemiSupervisedConfig(dataset=args.dataset, **{"unlabelled_batch": args.unlabelled_batch, **kw})
+def _run(client: Any, args: argparse.Namespace, variant: str, in_process: bool = False, **kw: Any) -> Any:
+    options = _bank_options(args) if variant.startswith("bank") else {"unlabelled_batch": str(args.unlabelled_batch)}
+    settings = PARADIGM.settings(variant, options, dataset=args.dataset, data_dir=args.data_dir, **kw)
     if in_process:
-        return run_inline(cfg, data_dir=args.data_dir)
-    return run_semi_supervised(cfg, cluster=client, data_dir=args.data_dir, progress=False, timeout=1800)
+        return run_inline(PARADIGM, settings, variant=variant)
+    return run_paradigm(PARADIGM, settings, variant=variant, cluster=client, progress=False, timeout=1800)
 
 
 def accuracy(client: Any, args: argparse.Namespace) -> dict[str, list[float]]:
@@ -110,8 +108,8 @@ def accuracy(client: Any, args: argparse.Namespace) -> dict[str, list[float]]:
     acc: dict[str, list[float]] = {name: [] for name, _ in chosen}
     extra: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in chosen}
     for seed in range(args.seeds):
-        for name, kw in chosen:
-            r = _run(client, args, in_process=args.in_process, seed=seed, k=args.k, steps=args.steps, **kw)
+        for name, variant in chosen:
+            r = _run(client, args, variant, in_process=args.in_process, seed=seed, k=args.k, steps=args.steps)
             acc[name].append(float(r["test_acc"]))
             extra[name].append(r)
             print(f"  seed {seed} {name:34s} test {100 * r['test_acc']:.1f}  (best val {100 * r['best_val_acc']:.1f}"
@@ -123,8 +121,8 @@ def accuracy(client: Any, args: argparse.Namespace) -> dict[str, list[float]]:
     print(f"  ({how}; best-validation weights reported; validation accuracy mean: "
           + ", ".join(f"{name} {100 * statistics.fmean(r['best_val_acc'] for r in extra[name]):.2f}"
                       for name, _ in chosen) + ")")
-    pl = [r["makers"].get("pseudo-labeller", {}) for r in extra.get(VARIANTS[3][0], [])]
-    if pl and all(pl):
+    pl = [r.figures for r in extra.get(VARIANTS[3][0], [])]
+    if pl:
         prec = [p["pl_precision"] for p in pl if not math.isnan(p["pl_precision"])]
         cov = [p["pl_coverage"] for p in pl]
         if prec:
@@ -147,7 +145,7 @@ def speed(client: Any, args: argparse.Namespace) -> dict[tuple[str, int], float]
     for rep in range(args.repeats):
         for k in ks:
             for mode in ("in-graph", "bank"):
-                r = _run(client, args, mode=mode, k=k, steps=args.speed_steps, seed=rep, eval_every=args.speed_steps)
+                r = _run(client, args, mode, k=k, steps=args.speed_steps, seed=rep, eval_every=args.speed_steps)
                 rates.setdefault((mode, k), []).append(float(r["train_steps_per_s"]))
                 if mode == "bank":
                     lookup.setdefault(k, []).append(float(r["lookup_ms"]))

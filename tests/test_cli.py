@@ -52,13 +52,22 @@ def test_demo_runs_the_semi_supervised_paradigm_and_writes_a_run_folder(
         find_data_dir()
     except FileNotFoundError as exc:
         pytest.skip(f"Planetoid data not found: {exc}")
+    import dask
+
+    from carls_dask.storage import list_snapshots
+
     run_dir = tmp_path / "demo"
-    assert main(["demo", "--run-dir", str(run_dir), "--steps", "40"]) == 0
+    with dask.config.set({"carls.run.snapshot-every": 10}):
+        assert main(["demo", "--run-dir", str(run_dir), "--steps", "40"]) == 0
     out = capsys.readouterr().out
     assert f"carls-dask dashboard {run_dir}" in out
-    assert "test accuracy" in out
-    for part in ("bank", "metrics.zarr", "run.json"):
+    assert "demo: semi-supervised bank+pseudo (seed 0): test_acc 0." in out
+    for part in ("bank", "metrics.zarr", "run.json", "result.json", "checkpoints"):
         assert (run_dir / part).exists(), part
+    # durable by default: step-tied snapshots, a delta log and the trainer's states
+    assert [snap["step"] for snap in list_snapshots(run_dir / "bank")] == [10, 20, 30, 40]
+    assert any(p.is_file() for p in (run_dir / "bank" / "delta").rglob("*"))
+    assert len(list((run_dir / "checkpoints" / "trainer").glob("step-*.pt"))) == 4
 
 
 def test_bench_lists_the_benchmark_scripts_and_rejects_unknown_ones(capsys: pytest.CaptureFixture[str]) -> None:

@@ -86,8 +86,8 @@ def _check_quickstart(r: dict[str, Any]) -> None:
 
 
 def _check_semi_supervised(r: dict[str, Any]) -> None:
-    assert 0.4 < r["base_test_acc"] <= 1.0  # 7 classes; the largest is 0.3 of the test nodes
-    assert 0.5 < r["bank_test_acc"] <= 1.0
+    assert r["base_test_acc"] > 0.4  # 7 classes; the largest is 0.3 of the test nodes
+    assert r["bank_test_acc"] >= r["base_test_acc"] + 0.05  # the bank's neighbours and pseudo labels help
     assert r["bank_rows"] == 2708  # every Cora node
     assert min(r["curve_points"].values()) >= 3
 
