@@ -15,6 +15,7 @@ import logging
 import pathlib
 import sys
 import time
+from typing import Any
 
 __all__ = ["DEMO_PARADIGM", "FIGURE_SUFFIXES", "run_demo", "run_figures"]
 
@@ -86,7 +87,7 @@ def run_demo(run_dir: pathlib.Path | None = None, dataset: str = "cora", steps: 
 
     run_dir = run_dir or pathlib.Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     paradigm = get_paradigm(DEMO_PARADIGM)
-    overrides = {"dataset": dataset} | ({"steps": int(steps)} if steps is not None else {})
+    overrides: dict[str, Any] = {"dataset": dataset} | ({"steps": int(steps)} if steps is not None else {})
     settings = paradigm.settings(None, **overrides)
     out = sys.stdout
     out.write(f"demo: {DEMO_PARADIGM} ({paradigm.variant_name(None)}) learning on {dataset} on a LocalCluster, "

@@ -135,7 +135,7 @@ class TrainerDriver:
         trainer.start_step = self.step
         published = self.publish() if self.step % self.publish_every == 0 else None
         every = trainer.eval_every
-        evaluated = bool(every) and (self.step % every == 0 or self.step == trainer.max_steps)
+        evaluated = every is not None and (self.step % every == 0 or self.step == trainer.max_steps)
         if evaluated:
             self.evaluate()
         if evaluated or self.step % ctx.metrics_every == 0:

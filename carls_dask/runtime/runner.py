@@ -113,7 +113,8 @@ class RunResult:
         for f in dataclasses.fields(self):
             if f.name not in ("results", "run_dir"):
                 out[f.name] = getattr(self, f.name)
-        return strict_json(out)  # type: ignore[no-any-return]
+        result: dict[str, Any] = strict_json(out)
+        return result
 
     def headline(self, names: Sequence[str] = ()) -> str:
         """One line: the paradigm, variant and seed, then the named figures (all numeric ones when none are named)."""
@@ -284,9 +285,9 @@ def run_paradigm(paradigm: Paradigm | str, settings: Any = None, *, variant: str
     wb.book = ProgressBook(p.unprefixed)
     with wb:
         if tables:
-            restoring = plan.resume and plan.bank_root is not None and _has_snapshot(plan.bank_root)
-            if restoring:
-                wb.restore_bank(plan.bank_root, n_shards=n_shards)
+            root = plan.bank_root
+            if plan.resume and root is not None and _has_snapshot(root):
+                wb.restore_bank(root, n_shards=n_shards)
             else:
                 wb.create_bank(tables, n_shards=n_shards, log_root=plan.bank_root)
                 if _has_initialise(p):
@@ -375,7 +376,7 @@ def run_inline(paradigm: Paradigm | str, settings: Any = None, *, variant: str |
             raise ConfigError(f"maker {m.name!r}: source {source!r} is not a trainer of paradigm {p.name!r}; "
                               f"expected one of {sorted(channels)}")
         mdrivers.append((source, MakerDriver(m, ctx(m, channels[source]))))
-    started: list[Any] = []
+    started: list[TrainerDriver | MakerDriver] = []
     results: dict[str, LoopResult] = {}
 
     def rounds(source: str) -> None:
@@ -390,7 +391,8 @@ def run_inline(paradigm: Paradigm | str, settings: Any = None, *, variant: str |
             p.initialise(bank, s)
         # makers first: a trainer's setup and saved state then fix torch's random state for its steps
         # alone, whether the run starts afresh or continues from a checkpoint
-        for d in [*(md for _, md in mdrivers), *tdrivers]:
+        drivers: list[TrainerDriver | MakerDriver] = [*(md for _, md in mdrivers), *tdrivers]
+        for d in drivers:
             started.append(d)
             d.begin()
         running = list(tdrivers)

@@ -231,3 +231,38 @@ def test_progress_book_flattens_and_aliases_for_dashboards() -> None:
     assert "t.worker" not in row and "t.time" not in row
     assert book.trainer_step() == 30
     assert "m v3 stale 0.25s" in book.summary()
+
+
+def test_trainer_checkpoints_every_n_steps_keeps_the_newest_and_continues_from_them(tmp_path: Any) -> None:
+    from carls_dask.runtime import Checkpointer
+
+    cp = Checkpointer(str(tmp_path), every=10, keep=2)
+    first = run_trainer(CountingTrainer(max_steps=45, publish_every=10),
+                        _ctx("trainer", LocalModelChannel("t"), ThreadStop(), checkpoint=cp))
+    assert first.resumed_at is None and first.step == 45
+    # states at 10, 20, 30, 40 and the final one at 45; the newest two are kept
+    assert sorted(p.name for p in cp.state_dir("t").iterdir()) == ["step-000000040.pt", "step-000000045.pt"]
+    assert cp.newest_step("t") == 45
+    again = run_trainer(CountingTrainer(max_steps=60, publish_every=10),
+                        _ctx("trainer", LocalModelChannel("t"), ThreadStop(), checkpoint=cp))
+    assert (again.resumed_at, again.steps, again.step) == (45, 15, 60)
+    straight = run_trainer(CountingTrainer(max_steps=60, publish_every=10),
+                           _ctx("trainer", LocalModelChannel("t"), ThreadStop()))
+    assert again.value == pytest.approx(straight.value, abs=1e-7)
+
+
+def test_trainer_evaluates_every_n_steps_and_reports_by_step() -> None:
+    class Evaluated(CountingTrainer):
+        def evaluate(self) -> Mapping[str, float]:
+            self.calls.append(f"evaluate@{self.start_step}")
+            return {"weight": float(self.model.weight.item())}
+
+    reports: list[Any] = []
+    trainer = Evaluated(max_steps=25, publish_every=100)
+    trainer.eval_every = 10
+    result = run_trainer(trainer, _ctx("trainer", LocalModelChannel("t"), ThreadStop(), reports, metrics_every=5))
+    assert [c for c in trainer.calls if c.startswith("evaluate")] == ["evaluate@10", "evaluate@20", "evaluate@25"]
+    assert [r["step"] for r in reports] == [5.0, 10.0, 15.0, 20.0, 25.0, 25.0]  # every 5 steps, then the final one
+    assert "weight" not in reports[0] and reports[-1]["weight"] == result.metrics["weight"]
+    assert reports[1]["weight"] != reports[3]["weight"]  # the figures of each evaluation, as it happened
+    assert [v.step for v in result.published] == [25]  # the final model is published at the end
