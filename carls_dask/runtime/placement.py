@@ -11,8 +11,10 @@ workers, bank shards on memory-rich workers. Here each component asks for Dask w
       names: {}       # per loop name (or "bank" for the shards): replaces the kind's entry
 
 Workers advertise resources when they start (``dask worker --resources "GPU=1 MEM=1"``,
-``LocalCluster(resources=...)``, ``carls.cluster.jobqueue.gpus-per-job``). Everything here except
-:func:`worker_resources` is pure: it takes the workers' resources as a mapping.
+``LocalCluster(resources=...)``, ``carls.cluster.jobqueue.gpus-per-job``). Within a worker,
+:func:`device_for` gives the loops of one process its CUDA devices round-robin. Everything here
+except :func:`worker_resources` and :func:`loop_resources` (which ask the scheduler) is pure: it
+takes the workers' resources as a mapping.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 from carls_dask import config
 from carls_dask.storage.errors import ConfigError
 
-__all__ = ["AUTO", "BANK", "KINDS", "loop_resources", "resources_for", "worker_resources",
+__all__ = ["AUTO", "BANK", "KINDS", "device_for", "loop_resources", "resources_for", "worker_resources",
            "workers_with"]
 
 logger = logging.getLogger(__name__)
@@ -161,3 +163,20 @@ def loop_resources(client: Any, kind: str, name: str) -> dict[str, float] | None
                        {addr: res for addr, res in sorted(workers.items())})
     return resources
 
+
+def device_for(slot: int, n_devices: int) -> str:
+    """The torch device of the ``slot``-th loop started in a process that sees ``n_devices`` CUDA devices.
+
+    Loops take the devices round-robin: ``"cuda:<slot mod n_devices>"``, or ``"cpu"`` when
+    ``n_devices`` is 0.
+
+    Raises
+    ------
+    ValueError
+        For a negative ``slot`` or ``n_devices``.
+    """
+    if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
+        raise ValueError(f"device_for: slot must be a non-negative int, got {slot!r}")
+    if isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 0:
+        raise ValueError(f"device_for: n_devices must be a non-negative int, got {n_devices!r}")
+    return f"cuda:{slot % n_devices}" if n_devices else "cpu"

@@ -19,7 +19,7 @@ import pytest
 from carls_dask.bank import Column, TableSpec
 from carls_dask.errors import ConfigError
 from carls_dask.runtime import KnowledgeMaker, LoopContext, ModelVersion, Trainer, Workbench
-from carls_dask.runtime.placement import resources_for, workers_with
+from carls_dask.runtime.placement import device_for, resources_for, workers_with
 
 GPU_BOX = {"tcp://a:1": {"GPU": 2, "MEM": 1}, "tcp://b:1": {"MEM": 4}, "tcp://c:1": {}}
 CPU_BOX = {"tcp://a:1": {}, "tcp://b:1": {"MEM": 1}}
@@ -79,6 +79,16 @@ def test_workers_with_the_resources() -> None:
     assert workers_with({"MEM": 2}, GPU_BOX) == ["tcp://b:1"]
     assert workers_with({"GPU": 1, "MEM": 1}, GPU_BOX) == ["tcp://a:1"]
     assert workers_with({"TPU": 1}, GPU_BOX) == []
+
+
+def test_loops_take_the_devices_round_robin() -> None:
+    assert [device_for(slot, 2) for slot in range(5)] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:0"]
+    assert [device_for(slot, 1) for slot in range(2)] == ["cuda:0", "cuda:0"]
+    assert device_for(3, 0) == "cpu"
+    with pytest.raises(ValueError, match="slot must be a non-negative int, got -1"):
+        device_for(-1, 2)
+    with pytest.raises(ValueError, match="n_devices must be a non-negative int, got -2"):
+        device_for(0, -2)
 
 
 # -- a cluster of unlike workers ---------------------------------------------------------------------
