@@ -14,7 +14,11 @@ __all__ = ["LoopContext", "LoopResult", "MakerRound", "StopControl", "ThreadStop
 
 
 def pick_device() -> str:
-    """``"cuda"`` when :func:`torch.cuda.is_available`, else ``"cpu"``."""
+    """``"cuda"`` when :func:`torch.cuda.is_available`, else ``"cpu"``, for loops run in this process.
+
+    Loops a Workbench runs on workers get a device of their own instead: ``"cuda:<i>"``, the
+    worker process's CUDA devices taken round-robin (:func:`~carls_dask.runtime.placement.device_for`).
+    """
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -60,7 +64,8 @@ class LoopContext:
     kind
         ``"trainer"`` or ``"maker"``.
     device
-        Torch device string the loop should use (``"cuda"`` where available, else ``"cpu"``).
+        Torch device string the loop should use: on a worker ``"cuda:<i>"`` (loops of one worker
+        process take its CUDA devices round-robin) where CUDA is available, else ``"cpu"``.
     channel
         The model channel: trainers publish to it, makers read the newest version from it.
     stop

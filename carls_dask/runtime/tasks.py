@@ -5,14 +5,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from carls_dask.runtime.channel import ModelChannel
-from carls_dask.runtime.context import LoopContext, LoopResult, StopControl, pick_device
+from carls_dask.runtime.context import LoopContext, LoopResult, StopControl
 from carls_dask.runtime.loops import run_loop
 from carls_dask.runtime.maker import KnowledgeMaker
+from carls_dask.runtime.placement import device_for
 from carls_dask.runtime.trainer import Trainer
 
 __all__ = ["DaskStop", "LoopSpec", "run_loop_task"]
@@ -83,11 +85,33 @@ def _reporter(topic: str, name: str, kind: str) -> Any:
     return report
 
 
+_slot_lock = threading.Lock()
+_next_slot = 0
+
+
+def _take_device() -> str:
+    """The device of the next loop started in this worker process: CUDA devices round-robin, else ``"cpu"``.
+
+    Each loop takes a slot from a per-process counter (thread-safe: loops start in worker threads),
+    so loops sharing a multi-GPU worker spread over its devices (see
+    :func:`~carls_dask.runtime.placement.device_for`).
+    """
+    global _next_slot
+    import torch
+
+    n_devices = int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    with _slot_lock:
+        slot = _next_slot
+        _next_slot += 1
+    return device_for(slot, n_devices)
+
+
 def run_loop_task(spec: LoopSpec) -> LoopResult:
     """Run one trainer or maker on this worker until it ends or the Workbench stops it.
 
     It secedes from the worker's thread pool first, so short tasks on the same worker keep
-    running beside it. An exception propagates unchanged: the future fails with the original
+    running beside it. Its torch device is the next of this process's CUDA devices, round-robin
+    (``"cpu"`` without CUDA). An exception propagates unchanged: the future fails with the original
     traceback.
     """
     from distributed import secede
@@ -97,7 +121,7 @@ def run_loop_task(spec: LoopSpec) -> LoopResult:
     ctx = LoopContext(
         name=obj.name,
         kind=obj.kind,
-        device=pick_device(),
+        device=_take_device(),
         channel=spec.channel,
         stop=DaskStop(spec.stop_event, check_interval=min(spec.poll_interval, 0.25)),
         bank=spec.bank,

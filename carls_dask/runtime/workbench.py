@@ -36,11 +36,12 @@ from typing import Any
 
 from carls_dask import config
 from carls_dask.runtime.channel import ModelChannel, unique_prefix
-from carls_dask.runtime.clusters import gpu_workers, make_security, start_cluster
+from carls_dask.runtime.clusters import make_security, start_cluster
 from carls_dask.runtime.context import LoopResult
 from carls_dask.runtime.events import LostLoops, WorkerLossWatch, loss_topic, watch_name
 from carls_dask.runtime.lifecycle import Lifecycle, State
 from carls_dask.runtime.maker import KnowledgeMaker
+from carls_dask.runtime.placement import BANK, loop_resources, resources_for, worker_resources, workers_with
 from carls_dask.runtime.progress import ProgressBook, ProgressSink
 from carls_dask.runtime.tasks import LoopSpec, run_loop_task
 from carls_dask.runtime.trainer import Trainer
@@ -270,9 +271,14 @@ class Workbench:
         return sorted(self.client.scheduler_info(n_workers=-1).get("workers", {}))
 
     def home_worker(self) -> str:
-        """The worker the first trainer runs on (and co-located bank shards live on)."""
+        """The worker the first trainer runs on (and co-located bank shards live on).
+
+        The first (by address) of the workers with the resources ``carls.placement.trainer`` asks
+        for, else of all workers.
+        """
         if self._home_worker is None:
-            candidates = gpu_workers(self.client) or self._workers()
+            have = worker_resources(self.client)
+            candidates = workers_with(resources_for("trainer", None, have), have) or self._workers()
             if not candidates:
                 raise LifecycleError(f"Workbench {self.name!r}: the cluster has no workers")
             self._home_worker = candidates[0]
@@ -289,12 +295,19 @@ class Workbench:
         n_shards, buckets
             Default ``carls.bank.shards`` and ``carls.bank.buckets``.
         placement
-            ``"spread"`` places shards round-robin over all workers; ``"colocate"`` puts every shard
-            on the first trainer's worker (the fast path for one trainer). Default
-            ``carls.bank.placement``.
+            ``"spread"`` places shards round-robin over the workers that may hold shards;
+            ``"colocate"`` puts every shard on the first trainer's worker (the fast path for one
+            trainer). Default ``carls.bank.placement``. Only workers that advertise the resources of
+            ``carls.placement.shard`` (or ``carls.placement.names.bank``) may hold shards.
         log_root
             Bank store folder: every mutating batch is appended to its delta log before the call
             returns (see :meth:`KnowledgeBank.create`).
+
+        Raises
+        ------
+        ConfigError
+            For an unknown ``placement``, or when no worker (with ``"colocate"``: not the first
+            trainer's worker) advertises the resources shards need.
         """
         from carls_dask.bank.client import KnowledgeBank
 
@@ -305,7 +318,7 @@ class Workbench:
         if placement not in ("spread", "colocate"):
             raise ConfigError(f"Workbench {self.name!r}: placement {placement!r}; expected 'spread' or 'colocate'")
         self._placement = placement
-        workers = [self.home_worker()] if placement == "colocate" else None
+        workers = self._shard_workers(placement)
         self.bank = KnowledgeBank.create(self.client, tables, n_shards=n_shards, buckets=buckets, workers=workers,
                                          name=name or f"{self.prefix}-bank", log_root=log_root)
         return self.bank
@@ -321,10 +334,29 @@ class Workbench:
         self._life.require(State.RUNNING, action="restore a bank")
         if self.bank is not None:
             raise LifecycleError(f"Workbench {self.name!r}: a bank was already created; one bank per Workbench")
-        workers = [self.home_worker()] if self._placement == "colocate" else None
+        workers = self._shard_workers(self._placement)
         self.bank = KnowledgeBank.restore(self.client, root, n_shards=n_shards, version=version, workers=workers,
                                           log_root=root)
         return self.bank
+
+    def _shard_workers(self, placement: str) -> list[str]:
+        """The workers bank shards go on: those with the shard resources (``carls.placement``)."""
+        have = worker_resources(self.client)
+        need = resources_for("shard", BANK, have)
+        allowed = workers_with(need, have)
+        if not allowed:
+            raise ConfigError(f"Workbench {self.name!r}: bank shards need workers with resources {need} "
+                              f"(carls.placement.shard or carls.placement.names.bank) but no worker advertises "
+                              f"them; the workers advertise {dict(sorted(have.items()))}")
+        if placement != "colocate":
+            return allowed
+        home = self.home_worker()
+        if home not in allowed:
+            raise ConfigError(f"Workbench {self.name!r}: placement 'colocate' puts the shards on the first "
+                              f"trainer's worker {home}, which lacks the shard resources {need} "
+                              f"(carls.placement.shard); it advertises {have.get(home, {})}. Expected a trainer "
+                              "worker that also advertises them, or placement 'spread'")
+        return [home]
 
     # -- loops -------------------------------------------------------------------------------
     def submit_trainer(self, trainer: Trainer, *, workers: Sequence[str] | None = None,
@@ -377,7 +409,7 @@ class Workbench:
             metrics_every=self.metrics_every, checkpoint=self.checkpointer if isinstance(obj, Trainer) else None,
             primary=primary,
         )
-        resources = {"GPU": 1} if gpu_workers(self.client) else None
+        resources = loop_resources(self.client, obj.kind, obj.name)
         first_trainer = isinstance(obj, Trainer) and not any(h.kind == "trainer" for h in self._loops.values())
         if workers is None and first_trainer and self._placement == "colocate":
             workers = [self.home_worker()]

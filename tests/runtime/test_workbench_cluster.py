@@ -41,7 +41,8 @@ def test_own_local_cluster_is_started_and_fully_released() -> None:
     threads_before = _threads()
     children_before = {p.pid for p in _children()}
     with dask.config.set({"carls.cluster.n-workers": 1, "carls.cluster.threads-per-worker": 2}):
-        # the worker advertises a GPU resource (a label here: no CUDA), so loops must ask for one each
+        # the worker advertises a GPU resource (a label here: no CUDA), so the trainer asks for one
+        # (carls.placement.trainer: auto) and the maker for none (carls.placement.maker: {})
         with Workbench(progress=True, stop_timeout=30, cluster_options={"resources": {"GPU": 2}}) as wb:
             assert wb.cluster is not None and len(wb.client.scheduler_info()["workers"]) == 1
             trainer = wb.submit_trainer(DigitsTrainer("trainer", max_steps=40, publish_every=10, lr=0.02))
@@ -49,13 +50,14 @@ def test_own_local_cluster_is_started_and_fully_released() -> None:
             keys = [trainer.future.key, maker.future.key]
 
             def restrictions(dask_scheduler: Any) -> list[Any]:
-                return [dask_scheduler.tasks[k].resource_restrictions if k in dask_scheduler.tasks else None
-                        for k in keys]
+                return [(k in dask_scheduler.tasks, dask_scheduler.tasks[k].resource_restrictions
+                         if k in dask_scheduler.tasks else None) for k in keys]
 
             deadline = time.monotonic() + 30  # submit reaches the scheduler asynchronously
-            while None in wb.client.run_on_scheduler(restrictions) and time.monotonic() < deadline:
+            while not all(known for known, _ in wb.client.run_on_scheduler(restrictions)) \
+                    and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert wb.client.run_on_scheduler(restrictions) == [{"GPU": 1}, {"GPU": 1}]
+            assert [r for _, r in wb.client.run_on_scheduler(restrictions)] == [{"GPU": 1}, None]
             assert len(_children()) > len(children_before)  # the worker process is up
             wb.wait(timeout=300)
             results = wb.stop()
