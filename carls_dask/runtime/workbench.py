@@ -487,8 +487,8 @@ class Workbench:
                               "saved state (give the Workbench a checkpointer, as carls-dask run does) or "
                               "continued with Trainer(resume_from=<a checkpoint>)")
                 logger.error("%s", reason)
+                self._fail(handle, LifecycleError(reason))  # recorded before the cancel: a wait() sees the failure
                 handle.future.cancel()
-                self._fail(handle, LifecycleError(reason))
 
     def _check_loops(self) -> None:
         self._check_lost_workers()
