@@ -19,9 +19,10 @@ PUBLIC = {
         "bucket_of", "hash_string", "nodes_table", "to_int64_keys",
     ],
     "carls_dask.runtime": [
-        "KnowledgeMaker", "Lifecycle", "LocalModelChannel", "LoopContext", "LoopHandle", "LoopResult", "LoopStatus",
-        "MakerRound", "ModelChannel", "ModelVersion", "RunRequest", "State", "ThreadStop", "Trainer", "Workbench",
-        "available_paradigms", "pick_device", "register_paradigm", "run_loop", "run_maker", "run_trainer",
+        "Checkpointer", "KnowledgeMaker", "Lifecycle", "LocalModelChannel", "LoopContext", "LoopHandle", "LoopResult",
+        "LoopStatus", "MakerDriver", "MakerRound", "ModelChannel", "ModelVersion", "Paradigm", "RunResult", "State",
+        "ThreadStop", "Trainer", "TrainerDriver", "Workbench", "available_paradigms", "get_paradigm", "pick_device",
+        "register_paradigm", "resume_run", "run_inline", "run_loop", "run_maker", "run_paradigm", "run_trainer",
     ],
     "carls_dask.storage": [
         "BankReplay", "CarlsError", "DeltaLog", "DeltaRecord", "MetricWriter", "RowBatch", "SnapshotHandle",
@@ -33,7 +34,7 @@ PUBLIC = {
     "carls_dask.paradigms": [],
     "carls_dask.paradigms.data": [],
     "carls_dask.paradigms.multimodal": [],
-    "carls_dask.paradigms.semi_supervised": ["NodeClassifierCore", "SemiSupervisedConfig"],
+    "carls_dask.paradigms.semi_supervised": ["NodeClassifierCore", "SemiSupervised", "SemiSupervisedConfig"],
     "carls_dask.paradigms.curriculum": [
         "BANK_COLUMNS", "CLEAN_MODES", "PACING_SCHEDULES", "SCORERS", "TABLE", "CleaningRule", "CurriculumData",
         "CurriculumSampler", "CurriculumSettings", "CurriculumTrainer", "DifficultyMaker", "FractionPacing",

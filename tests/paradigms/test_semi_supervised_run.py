@@ -190,7 +190,7 @@ def three_workers() -> Iterator[Any]:
 
 
 def _holders(dask_scheduler: Any) -> dict[str, list[str]]:
-    return {str(k): [w.address for w in ts.who_has] or ([ts.processing_on.address] if ts.processing_on else [])
+    return {str(k): [w.address for w in ts.who_has or ()] or ([ts.processing_on.address] if ts.processing_on else [])
             for k, ts in dask_scheduler.tasks.items()}
 
 
@@ -199,6 +199,12 @@ def _kill_during(client: Any, run: pathlib.Path, after_step: int, pick: Any) -> 
     info: dict[str, Any] = {}
 
     def watch() -> None:
+        try:
+            kill()
+        except Exception as exc:  # reported by the test, not lost in the thread
+            info["error"] = repr(exc)
+
+    def kill() -> None:
         target = run / "checkpoints" / "trainer" / f"step-{after_step:09d}.pt"
         deadline = time.monotonic() + 300
         while not target.exists():
