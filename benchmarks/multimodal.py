@@ -8,7 +8,10 @@ validation recalls) and the test figures are read for the record. It prints imag
 text->image recall@1/@5 on both splits (mean and standard deviation over the seeds, every seed's
 figure too), trainer steps/s, maker rounds and staleness, each bank variant's mean recall as a
 ratio to the in-batch baseline, and a paired per-seed comparison (same seed: same initialisation,
-same batches) of each variant against in-batch.
+same batches) of each variant against in-batch. Every run is the ``multimodal`` paradigm
+(:class:`carls_dask.paradigms.multimodal.paradigm.Multimodal`) run by
+:func:`carls_dask.runtime.run_paradigm` on one shared two-worker LocalCluster, all seeds on one
+concept split (``split_seed=0``), without the concept classifier.
 
 A variant is ``NEGATIVES[@N][+stale][+logq]``: ``in_batch``, ``uniform``, ``log_uniform`` or
 ``hard``; ``@N`` sets the sampled (or, for ``hard``, top-k) negatives per step; ``+stale`` uses the
@@ -31,6 +34,7 @@ import time
 
 METRICS = ("i2t_r@1", "i2t_r@5", "t2i_r@1", "t2i_r@5")
 NAMES = ("in_batch", "uniform", "log_uniform", "hard")
+VARIANTS = {"in_batch": "in-batch", "uniform": "uniform", "log_uniform": "log-uniform", "hard": "hard"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,22 +113,30 @@ def _paired(rows: list[dict[str, object]], variants: list[Variant], prefix: str,
         print(f"{v.label:<18}{cells}  steps/s {sps / bsps:.2f}x")
 
 
+def _figure(figures: dict[str, object], name: str) -> float:
+    value = figures.get(name)
+    return float("nan") if value is None else float(value)  # type: ignore[arg-type]
+
+
 def main() -> None:
     import os
 
     from distributed import Client, LocalCluster
 
-    from carls_dask.paradigms.multimodal.loops import CorpusSpec, default_cache_dir, load_corpus
-    from carls_dask.paradigms.multimodal.run import run_contrastive
-    from carls_dask.runtime.workbench import Workbench
+    from carls_dask.paradigms.multimodal.loops import load_corpus
+    from carls_dask.paradigms.multimodal.paradigm import Multimodal
+    from carls_dask.runtime import run_paradigm
 
     args = _args()
     variants = [parse_variant(v) for v in args.variants]
     logging.basicConfig(level=logging.WARNING)
-    corpus = CorpusSpec(limit=args.limit, n_test=args.n_test, n_val=args.n_val,
-                        cache_dir=str(args.cache_dir or default_cache_dir()))
+    paradigm = Multimodal()
+    # one concept split (split_seed 0) for every seed: the seeds vary initialisation, batches and samples
+    base = paradigm.prepare(paradigm.settings(
+        None, steps=args.steps, batch_size=args.batch_size, limit=args.limit, n_test=args.n_test, n_val=args.n_val,
+        split_seed=0, classifier_steps=0, eval_every=None, cache_dir=args.cache_dir))
     t0 = time.perf_counter()
-    c = load_corpus(corpus)  # fills the caches once, before the workers read them
+    c = load_corpus(base.corpus())  # fills the caches once, before the workers read them
     print(f"corpus: {len(c.train)} train pairs, {len(c.val)} validation and {len(c.test)} test concepts "
           f"(chance R@1 {1 / len(c.test):.4f}), prepared in {time.perf_counter() - t0:.1f}s; load {os.getloadavg()}")
     rows: list[dict[str, object]] = []
@@ -133,16 +145,16 @@ def main() -> None:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for v in variants:
                 t = time.perf_counter()
-                n_neg = v.count if v.count and v.negatives != "hard" else args.n_negatives
-                n_hard = v.count if v.count and v.negatives == "hard" else args.n_hard
-                with Workbench(client, progress=False, name=f"mm-{v.negatives}-{seed}") as wb:
-                    r = run_contrastive(wb, corpus, negatives=v.negatives, seed=seed, steps=args.steps,
-                                        batch_size=args.batch_size, n_negatives=n_neg, n_hard=n_hard,
-                                        reencode=v.reencode, logq_correction=v.logq)
-                row = {"variant": v.label, "seed": seed, "steps_per_s": r.steps_per_s,
-                       "maker_rounds": r.maker_rounds, "staleness_s": r.mean_staleness_s,
-                       "wall_s": time.perf_counter() - t, "bank_steps": r.metrics.get("bank_steps"),
-                       **{p + m: r.metrics.get(p + m, float("nan")) for p in ("val_", "") for m in METRICS}}
+                settings = dataclasses.replace(
+                    base, negatives=v.negatives, seed=seed, reencode=v.reencode, logq_correction=v.logq,
+                    n_negatives=v.count if v.count and v.negatives != "hard" else args.n_negatives,
+                    n_hard=v.count if v.count and v.negatives == "hard" else args.n_hard)
+                r = run_paradigm(paradigm, settings, variant=VARIANTS[v.negatives], cluster=client, progress=False)
+                f = r.figures
+                row = {"variant": v.label, "seed": seed, "steps_per_s": _figure(f, "steps_per_s"),
+                       "maker_rounds": f["maker_rounds"], "staleness_s": _figure(f, "mean_staleness_s"),
+                       "wall_s": time.perf_counter() - t, "bank_steps": f.get("bank_steps"),
+                       **{p + m: _figure(f, p + m) for p in ("val_", "") for m in METRICS}}
                 rows.append(row)
                 print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                       flush=True)

@@ -6,7 +6,8 @@
 - :mod:`carls_dask.paradigms.multimodal.losses`: contrastive loss with extra bank negatives and logQ
   correction, and sampled softmax for a large output space;
 - :mod:`carls_dask.paradigms.multimodal.loops`: the trainers and the corpus knowledge maker;
-- :mod:`carls_dask.paradigms.multimodal.run`: ``carls-dask run multimodal``.
+- :mod:`carls_dask.paradigms.multimodal.paradigm`: the :class:`Multimodal` paradigm and its
+  settings (``carls-dask run multimodal``, :func:`carls_dask.runtime.run_paradigm`).
 """
 
 from __future__ import annotations

@@ -204,15 +204,17 @@ class ContrastiveTrainer(Trainer):
         Until the maker has filled the bank the steps use in-batch negatives only; with
         ``bank_wait_s > 0`` the first step after the first published version waits up to that many
         seconds for the maker's first pass (once), so short runs use bank negatives for certain.
-    name, max_steps, publish_every
-        See :class:`~carls_dask.runtime.trainer.Trainer`.
+    name, max_steps, publish_every, eval_every
+        See :class:`~carls_dask.runtime.trainer.Trainer`; :meth:`evaluate` gives the retrieval
+        figures (``eval_every=None``: only :meth:`finish` evaluates, at the end).
     """
 
     def __init__(self, corpus: CorpusSpec, *, negatives: str = "uniform", n_negatives: int = 256, n_hard: int = 8,
-                 reencode: bool = True, logq_correction: bool = False, batch_size: int = 32, lr: float = 2e-3, dim: int = 64, hidden: int = 128,
-                 weight_decay: float = 1e-4, seed: int = 0, bank_wait_s: float = 0.0, name: str = "trainer", max_steps: int | None = 400,
-                 publish_every: int | None = 20) -> None:
-        super().__init__(name, max_steps=max_steps, publish_every=publish_every)
+                 reencode: bool = True, logq_correction: bool = False, batch_size: int = 32, lr: float = 2e-3,
+                 dim: int = 64, hidden: int = 128, weight_decay: float = 1e-4, seed: int = 0,
+                 bank_wait_s: float = 0.0, name: str = "trainer", max_steps: int | None = 400,
+                 publish_every: int | None = 20, eval_every: int | None = None) -> None:
+        super().__init__(name, max_steps=max_steps, publish_every=publish_every, eval_every=eval_every)
         _check_choice(f"ContrastiveTrainer {name!r}", "negatives", negatives, NEGATIVES)
         for what, v in (("n_negatives", n_negatives), ("n_hard", n_hard), ("batch_size", batch_size)):
             if not isinstance(v, int) or v < (2 if what == "batch_size" else 1):
@@ -260,6 +262,27 @@ class ContrastiveTrainer(Trainer):
         self.bank_ready = False
         self.ages: list[float] = []
         self.bank_steps = 0
+        self._evaluated: tuple[int, dict[str, float]] | None = None
+
+    def state(self) -> dict[str, Any]:
+        """The base checkpoint plus what the next steps depend on: the batch generator, whether the bank
+        was ready (and the one wait of ``bank_wait_s`` spent), the bank-step count and the ages seen."""
+        out = super().state()
+        out["rng"] = self.rng.bit_generator.state
+        out["bank"] = {"ready": self.bank_ready, "steps": self.bank_steps, "ages": list(self.ages),
+                       "wait_s": self.bank_wait_s}
+        return out
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state` checkpoint (after :meth:`setup`)."""
+        super().load_state(state)
+        if "rng" in state:
+            self.rng.bit_generator.state = state["rng"]
+        bank = dict(state.get("bank", {}))
+        self.bank_ready = bool(bank.get("ready", self.bank_ready))
+        self.bank_steps = int(bank.get("steps", self.bank_steps))
+        self.ages = [float(a) for a in bank.get("ages", self.ages)]
+        self.bank_wait_s = float(bank.get("wait_s", self.bank_wait_s))
 
     def _ready(self, step: int = 0) -> bool:
         """Whether the maker has filled the corpus tables (checked until it has; see ``bank_wait_s``)."""
@@ -406,10 +429,14 @@ class ContrastiveTrainer(Trainer):
         out = self._report(self.corpus.test)
         if len(self.corpus.val):
             out.update({f"val_{k}": v for k, v in self._report(self.corpus.val).items()})
+        self._evaluated = (self.start_step, dict(out))
         return out
 
     def finish(self) -> dict[str, float]:
-        out = self.evaluate()
+        """The final retrieval figures (the evaluation of the last step, reused when there was one) and
+        the run's counts: held-out and train pairs, steps with bank negatives, mean bank age (NaN when none)."""
+        done = self._evaluated
+        out = dict(done[1]) if done is not None and done[0] == self.start_step else self.evaluate()
         out["n_test"] = float(len(self.corpus.test))
         out["n_val"] = float(len(self.corpus.val))
         out["bank_steps"] = float(self.bank_steps)
@@ -496,14 +523,14 @@ class ConceptClassifierTrainer(Trainer):
         Negative class sampler and how many classes per step.
     batch_size, lr, dim, hidden, seed
         Optimisation, model sizes and seed.
-    name, max_steps, publish_every
+    name, max_steps, publish_every, eval_every
         See :class:`~carls_dask.runtime.trainer.Trainer`.
     """
 
     def __init__(self, corpus: CorpusSpec, *, sampler: str = "log_uniform", n_sampled: int = 64, batch_size: int = 64,
                  lr: float = 2e-3, dim: int = 64, hidden: int = 128, seed: int = 0, name: str = "classifier",
-                 max_steps: int | None = 300, publish_every: int | None = 50) -> None:
-        super().__init__(name, max_steps=max_steps, publish_every=publish_every)
+                 max_steps: int | None = 300, publish_every: int | None = 50, eval_every: int | None = None) -> None:
+        super().__init__(name, max_steps=max_steps, publish_every=publish_every, eval_every=eval_every)
         _check_choice(f"ConceptClassifierTrainer {name!r}", "sampler", sampler, ("uniform", "log_uniform"))
         self.corpus_spec = corpus
         self.sampler = sampler
@@ -540,6 +567,18 @@ class ConceptClassifierTrainer(Trainer):
         self.feats = torch.from_numpy(feats).to(self.device)
         self.model = ImageQueryHead(FEATURE_DIM, self.dim, self.hidden).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lr)
+
+    def state(self) -> dict[str, Any]:
+        """The base checkpoint plus the batch generator (the class embeddings are in the bank's snapshot)."""
+        out = super().state()
+        out["rng"] = self.rng.bit_generator.state
+        return out
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state` checkpoint (after :meth:`setup`)."""
+        super().load_state(state)
+        if "rng" in state:
+            self.rng.bit_generator.state = state["rng"]
 
     def step(self, step: int) -> Mapping[str, float]:
         import torch
