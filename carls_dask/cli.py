@@ -117,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     dask_level = logging.DEBUG if args.verbose >= 2 else logging.WARNING
     for name in ("distributed", "distributed.scheduler", "distributed.nanny", "distributed.core", "distributed.http"):
         logging.getLogger(name).setLevel(dask_level)
+    if args.verbose < 2:  # a LocalCluster's closing ("worker process still alive ..., killing") is not news
+        logging.getLogger("distributed.nanny").setLevel(logging.ERROR)
     try:
         status: int = args.handler(args)
     except CarlsError as exc:

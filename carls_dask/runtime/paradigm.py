@@ -92,6 +92,17 @@ class Paradigm:
         base = {**self.variants[name], **overrides}
         return settings_from_options(self.settings_type, options or {}, base=base, owner=f"paradigm {self.name!r}")
 
+    def variant_of(self, settings: Any) -> str:
+        """The variant whose overrides ``settings`` match (the most specific one), or ``"custom"``."""
+        matching = [(len(over), name) for name, over in self.variants.items()
+                    if all(getattr(settings, k, None) == v for k, v in over.items())]
+        if not matching:
+            return "custom"
+        most = max(n for n, _ in matching)
+        names = [name for n, name in matching if n == most]
+        default = self.variant_name(None)
+        return default if default in names else names[0]
+
     def describe(self, variant: str | None = None) -> list[Any]:
         """Every setting with its type, default (in ``variant``) and meaning."""
         return describe_settings(self.settings_type, self.settings(variant))

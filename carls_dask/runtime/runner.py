@@ -182,12 +182,14 @@ class _Plan:
 def _plan(paradigm: Paradigm | str, settings: Any, variant: str | None, run_dir: str | os.PathLike[str] | None,
           driver: str, *, resume: bool = False) -> _Plan:
     p = _paradigm(paradigm)
-    name = p.variant_name(variant)
     if settings is None:
+        name = p.variant_name(variant)
         settings = p.settings(name)
     elif not isinstance(settings, p.settings_type):
         raise ConfigError(f"paradigm {p.name!r}: settings must be a {p.settings_type.__name__}, "
                           f"got {type(settings).__name__}")
+    else:
+        name = p.variant_name(variant) if variant is not None else p.variant_of(settings)
     settings = p.prepare(settings)
     folder = pathlib.Path(run_dir) if run_dir is not None else None
     checkpointer = None
