@@ -33,7 +33,8 @@ PUBLIC = {
     "carls_dask.dashboards.views": ["CurriculumView", "DriftView", "HealthView", "PseudoLabelView"],
     "carls_dask.paradigms": [],
     "carls_dask.paradigms.data": [],
-    "carls_dask.paradigms.multimodal": ["Multimodal", "MultimodalSettings", "RECALLS"],
+    "carls_dask.paradigms.multimodal": [],
+    "carls_dask.paradigms.multimodal.paradigm": ["Multimodal", "MultimodalSettings", "RECALLS"],
     "carls_dask.paradigms.semi_supervised": ["NodeClassifierCore", "SemiSupervised", "SemiSupervisedConfig"],
     "carls_dask.paradigms.curriculum": [
         "BANK_COLUMNS", "CLEAN_MODES", "PACING_SCHEDULES", "SCORERS", "TABLE", "CleaningRule", "CurriculumData",
