@@ -166,7 +166,16 @@ class ModelChannel:
         self._variable("record").set({"version": 0})
 
     def publish(self, state: Mapping[str, Any], *, step: int, producer: str = "") -> ModelVersion:
-        """Scatter ``state`` (moved to CPU) as the newest version and return its record."""
+        """Scatter ``state`` (moved to CPU) as the newest version and return its record.
+
+        Versions keep counting from the channel's newest one, so a publisher that was run again (a
+        trainer restarted on another worker) publishes versions its readers see as newer.
+        """
+        if self._count == 0:
+            try:
+                self._count = int(self._variable("record").get(timeout=1.0).get("version", 0))
+            except TimeoutError:
+                pass
         self._count += 1
         record = ModelVersion(self._count, int(step), time.time(), producer)
         client = self._client()
