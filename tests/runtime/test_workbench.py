@@ -216,3 +216,20 @@ def test_connecting_by_address_leaves_the_cluster_running(local_cluster: Any) ->
     assert results["trainer"].versions == [1, 2]
     assert wb.client.status == "closed"  # its own client is closed ...
     assert len(local_cluster.scheduler_info["workers"]) == 2  # type: ignore[attr-defined]  # ... the cluster is not
+
+
+def test_a_publisher_run_again_continues_the_channels_versions(client: Any) -> None:
+    import torch
+
+    from carls_dask.runtime import ModelChannel
+
+    first = ModelChannel("restarted", prefix="t-restart")
+    first.open()
+    for step in (10, 20, 30):
+        first.publish({"w": torch.zeros(1)}, step=step)
+    again = ModelChannel("restarted", prefix="t-restart")  # as a trainer run again on another worker has it
+    record = again.publish({"w": torch.ones(1)}, step=20)
+    assert record.version == 4  # newer than every version readers have seen
+    got = ModelChannel("restarted", prefix="t-restart").fetch(newer_than=3)
+    assert got is not None and got[0].step == 20 and float(got[1]["w"][0]) == 1.0
+    first.delete()
