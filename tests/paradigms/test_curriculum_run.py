@@ -133,13 +133,19 @@ def cluster() -> Iterator[Any]:
         yield c
 
 
-def _shard_worker(client: Any) -> tuple[str, str]:
-    """The address of a worker holding shard 0 of the run's bank, and the bank's name."""
-    for address, keys in client.has_what().items():
-        for key in keys:
-            if str(key).endswith("-shard-0"):
-                return address, str(key)[: -len("-shard-0")]
-    raise AssertionError("no bank shard on any worker")
+def _shard_keys(client: Any) -> dict[str, str]:
+    """Shard-0 actor keys of the banks the cluster holds, and the worker of each."""
+    return {str(key): address for address, keys in client.has_what().items() for key in keys
+            if str(key).endswith("-shard-0")}
+
+
+def _rehomed(client: Any, bank: str) -> int:
+    """Times shards of ``bank`` were re-homed (its shard table in the scheduler)."""
+    from distributed import Variable
+
+    from carls_dask.bank.rehoming import table_name
+
+    return int(Variable(table_name(bank), client=client).get(timeout=5)["rehomed"])
 
 
 def _wait_for(cond: Any, what: str, timeout: float) -> None:
@@ -152,9 +158,12 @@ def _wait_for(cond: Any, what: str, timeout: float) -> None:
 @pytest.mark.slow
 def test_a_run_whose_shard_worker_is_killed_finishes_as_an_undisturbed_one(cluster: Any,
                                                                           tmp_path: pathlib.Path) -> None:
-    from distributed import Client, Variable
+    """Shard 0's worker is SIGKILLed after the first checkpoint; the shard is re-homed from the store.
 
-    from carls_dask.bank.rehoming import table_name
+    Measured: undisturbed 0.935, killed at step 50 (the trainer shared the worker and continued from
+    its step-50 state) 0.947. The makers run at their own pace, so the two runs differ by that alone.
+    """
+    from distributed import Client
 
     settings = _digits(steps=600, publish_every=20, eval_every=100)
     conf = {"carls.run.snapshot-every": 50, "carls.bank.rehome-timeout": "60s", "carls.runtime.poll-interval": "0.1s",
@@ -164,6 +173,7 @@ def test_a_run_whose_shard_worker_is_killed_finishes_as_an_undisturbed_one(clust
                             timeout=240)
         run = tmp_path / "killed"
         out: dict[str, Any] = {}
+        earlier = set(_shard_keys(client))  # the calm run's actors may not all be released yet
 
         def go() -> None:
             try:
@@ -176,21 +186,20 @@ def test_a_run_whose_shard_worker_is_killed_finishes_as_an_undisturbed_one(clust
         thread.start()
         try:
             states = run / "checkpoints" / "trainer"
-            _wait_for(lambda: states.exists() and any(p.name.startswith("step-000000") for p in states.iterdir())
+            _wait_for(lambda: (states.exists() and any(p.name.startswith("step-000000") for p in states.iterdir()))
                       or not thread.is_alive(), "a first checkpoint", 120)
             assert thread.is_alive(), out
-            address, bank = _shard_worker(client)
+            ((key, address),) = [(k, a) for k, a in _shard_keys(client).items() if k not in earlier]
+            bank = key[: -len("-shard-0")]
             killed_at = max(int(p.name[5:14]) for p in states.iterdir() if p.name.startswith("step-"))
             os.kill(int(client.run(os.getpid, workers=[address])[address]), signal.SIGKILL)
-            _wait_for(lambda: int(Variable(table_name(bank), client=client).get(timeout=5)["rehomed"]) >= 1
-                      or not thread.is_alive(), "the shard re-homed", 90)
-            rehomed = int(Variable(table_name(bank), client=client).get(timeout=5)["rehomed"]) \
-                if thread.is_alive() else None
+            _wait_for(lambda: not thread.is_alive() or _rehomed(client, bank) >= 1, "the shard re-homed", 90)
+            rehomed = _rehomed(client, bank) if thread.is_alive() else None
         finally:
             thread.join(timeout=240)
     assert "error" not in out, out.get("error")
     result = out["result"]
-    assert killed_at < 600 and rehomed in (1, None)
+    assert killed_at < 600 and rehomed == 1
     assert result.figures["trainer_steps"] + (result.resumed_from or 0) == 600
     assert abs(result.figures["test_accuracy"] - calm.figures["test_accuracy"]) <= 0.02, (
         result.figures["test_accuracy"], calm.figures["test_accuracy"])
