@@ -7,7 +7,6 @@ import os
 import pathlib
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +18,7 @@ from carls_dask.errors import CarlsError, ConfigError
 from carls_dask.paradigms.curriculum import Curriculum, CurriculumSettings
 from carls_dask.runtime import run_paradigm
 from carls_dask.runtime.registry import available_paradigms, get_paradigm
+from tests.processes import wait_for
 
 #: The keys of ``result.json`` (carls_dask.runtime.runner).
 RESULT_KEYS = {"schema", "paradigm", "variant", "seed", "driver", "settings", "figures", "loops", "snapshots",
@@ -148,13 +148,6 @@ def _rehomed(client: Any, bank: str) -> int:
     return int(Variable(table_name(bank), client=client).get(timeout=5)["rehomed"])
 
 
-def _wait_for(cond: Any, what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"{what} not within {timeout}s"
-        time.sleep(0.1)
-
-
 @pytest.mark.slow
 def test_a_run_whose_shard_worker_is_killed_finishes_as_an_undisturbed_one(cluster: Any,
                                                                           tmp_path: pathlib.Path) -> None:
@@ -186,14 +179,14 @@ def test_a_run_whose_shard_worker_is_killed_finishes_as_an_undisturbed_one(clust
         thread.start()
         try:
             states = run / "checkpoints" / "trainer"
-            _wait_for(lambda: (states.exists() and any(p.name.startswith("step-000000") for p in states.iterdir()))
+            wait_for(lambda: (states.exists() and any(p.name.startswith("step-000000") for p in states.iterdir()))
                       or not thread.is_alive(), "a first checkpoint", 120)
             assert thread.is_alive(), out
             ((key, address),) = [(k, a) for k, a in _shard_keys(client).items() if k not in earlier]
             bank = key[: -len("-shard-0")]
             killed_at = max(int(p.name[5:14]) for p in states.iterdir() if p.name.startswith("step-"))
             os.kill(int(client.run(os.getpid, workers=[address])[address]), signal.SIGKILL)
-            _wait_for(lambda: not thread.is_alive() or _rehomed(client, bank) >= 1, "the shard re-homed", 90)
+            wait_for(lambda: not thread.is_alive() or _rehomed(client, bank) >= 1, "the shard re-homed", 90)
             rehomed = _rehomed(client, bank) if thread.is_alive() else None
         finally:
             thread.join(timeout=240)
