@@ -86,9 +86,13 @@ def test_run_paradigm_writes_a_run_folder(client: object, tmp_path: pathlib.Path
     assert int(metrics["step"].max()) == 120 and int(metrics.sizes["step"]) >= 2
     pv = pacing_vs_realised(metrics)
     assert pv is not None
-    realised = pv["realised"].dropna("step").values
-    assert realised.size and (realised > 0).all()
-    assert realised.min() < 1.0  # the curriculum admitted less than everything for a while
+    assert pv["realised"].dropna("step").size
+    # a row at step s holds the pacing the trainer planned for its step s - 1 (rows are sampled in time)
+    plan = settings.make_pacing()
+    rows = metrics["pacing"].dropna("step")
+    assert rows.size
+    for step, value in zip(rows["step"].values.tolist(), rows.values.tolist(), strict=True):
+        assert value == pytest.approx(plan.planned(int(step) - 1)), step
     assert float(metrics["test_accuracy"].dropna("step").values[-1]) == pytest.approx(result.figures["test_accuracy"])
     truth = np.load(run / "truth.npz")
     assert truth["labels"].shape == (1348,) and truth["keys"].tolist() == list(range(1348))
