@@ -12,8 +12,8 @@ the test set stays clean. The arms differ only in which examples the trainer dra
   confidence >= ``--clean-confidence`` in two consecutive rounds get loss weight 0 (they are no
   longer drawn); ``--clean-mode relabel`` relabels them with the prediction instead.
 
-Runs are in-process and deterministic (:func:`carls_dask.paradigms.curriculum.run_inline`), ``--jobs`` at a
-time. Printed per noise rate: clean test accuracy, mean and spread (sample std) over ``--seeds``
+Runs are in-process and deterministic (:func:`carls_dask.runtime.run_inline` of the ``curriculum``
+paradigm's variants), ``--jobs`` at a time. Printed per noise rate: clean test accuracy, mean and spread (sample std) over ``--seeds``
 seeds, every seed's figure, the paired gain over uniform, and for the cleaning arm the precision and
 recall of the noisy-label detection against the known flipped labels. The target: curriculum+clean
 beats uniform at 30% noise by several points. Run: ``python benchmarks/curriculum.py [--quick]``.
@@ -29,11 +29,7 @@ import statistics
 import time
 from typing import Any
 
-ARMS = {
-    "uniform": {"pacing": "uniform", "clean": "none"},
-    "curriculum": {"pacing": "linear", "clean": "none"},
-    "curriculum+clean": {"pacing": "linear", "clean": "downweight"},
-}
+ARMS = ("uniform", "curriculum", "curriculum+clean")  # variants of the curriculum paradigm
 TARGET_POINTS = 3.0
 
 
@@ -41,16 +37,16 @@ def _one(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    from carls_dask.paradigms.curriculum import CurriculumSettings, run_inline
+    from carls_dask.runtime import get_paradigm, run_inline
 
-    settings = CurriculumSettings(**job["settings"])
-    res = run_inline(settings)
-    return {"arm": job["arm"], "noise": settings.noise, "seed": settings.seed, "seconds": res.seconds,
-            "test_accuracy": res.trainer["test_accuracy"],
-            "flag_precision": res.trainer.get("flag_precision", float("nan")),
-            "flag_recall": res.trainer.get("flag_recall", float("nan")),
-            "flagged_fraction": res.trainer.get("flagged_fraction", float("nan")),
-            "label_accuracy": res.trainer.get("label_accuracy", float("nan"))}
+    paradigm = get_paradigm("curriculum")
+    settings = paradigm.settings(job["arm"], **job["settings"])
+    res = run_inline(paradigm, settings)
+    f = res.figures
+    return {"arm": job["arm"], "noise": settings.noise, "seed": settings.seed, "seconds": res.wall_seconds,
+            "test_accuracy": f["test_accuracy"], "flag_precision": f["flag_precision"],
+            "flag_recall": f["flag_recall"], "flagged_fraction": f["flagged_fraction"],
+            "label_accuracy": f["label_accuracy"]}
 
 
 def _fmt(values: list[float]) -> str:
@@ -82,9 +78,9 @@ def main() -> None:
         print("Fashion-MNIST not installed (apt-get install dataset-fashion-mnist): using scikit-learn digits")
     base = {"dataset": dataset, "n_train": args.n_train, "n_test": args.n_test, "steps": args.steps,
             "model": args.model, "clean_confidence": args.clean_confidence}
-    ARMS["curriculum+clean"]["clean"] = args.clean_mode
-    jobs = [{"arm": arm, "settings": {**base, **over, "noise": noise, "seed": seed}}
-            for noise in args.noise for seed in range(args.seeds) for arm, over in ARMS.items()]
+    jobs = [{"arm": arm, "settings": {**base, "noise": noise, "seed": seed,
+                                      **({"clean": args.clean_mode} if arm == "curriculum+clean" else {})}}
+            for noise in args.noise for seed in range(args.seeds) for arm in ARMS]
     print(f"{dataset}: {args.n_train} train / {args.n_test} test images, {args.model}, {args.steps} steps of 128, "
           f"{args.seeds} seeds, {len(jobs)} runs, {args.jobs} at a time; load average {os.getloadavg()[0]:.1f}")
     t0 = time.monotonic()

@@ -1,9 +1,11 @@
-"""Helpers for tests that start server processes: a free local port, and a bounded stop."""
+"""Helpers for tests that start server processes: a free local port, a bounded stop, and a bounded wait."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
+import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -24,3 +26,11 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 20.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=timeout)
+
+
+def wait_for(cond: Callable[[], object], what: str, timeout: float) -> None:
+    """Poll ``cond`` every 0.1 s until it is true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what} not within {timeout}s"
+        time.sleep(0.1)

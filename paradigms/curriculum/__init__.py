@@ -4,9 +4,10 @@ Knowledge makers score every training example with the newest trainer version an
 scores to the bank (:mod:`~carls_dask.paradigms.curriculum.loops`); the trainer samples by a pacing function
 over those scores through a PyTorch sampler (:mod:`~carls_dask.paradigms.curriculum.pacing`,
 :mod:`~carls_dask.paradigms.curriculum.sampler`) and relabels or down-weights examples whose given label the
-makers consistently reject (:mod:`~carls_dask.paradigms.curriculum.cleaning`). ``carls-dask run curriculum``
-runs it on a Dask cluster (:mod:`~carls_dask.paradigms.curriculum.run`); :func:`run_inline` runs it in one
-process, deterministically.
+makers consistently reject (:mod:`~carls_dask.paradigms.curriculum.cleaning`). :class:`Curriculum`
+(:mod:`~carls_dask.paradigms.curriculum.paradigm`) is the paradigm ``carls-dask run curriculum`` runs
+on a Dask cluster, as :func:`carls_dask.runtime.run_paradigm` does;
+:func:`carls_dask.runtime.run_inline` runs it in one process, deterministically.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from carls_dask.paradigms.curriculum.cleaning import (
     clean_targets,
     detection_quality,
 )
-from carls_dask.paradigms.curriculum.inline import InlineResult, run_inline
 from carls_dask.paradigms.curriculum.loops import (
     BANK_COLUMNS,
     CurriculumTrainer,
@@ -32,6 +32,7 @@ from carls_dask.paradigms.curriculum.pacing import (
     SelfPacedPacing,
     make_pacing,
 )
+from carls_dask.paradigms.curriculum.paradigm import Curriculum
 from carls_dask.paradigms.curriculum.sampler import CurriculumSampler
 from carls_dask.paradigms.curriculum.scoring import SCORERS, get_scorer, register_scorer
 from carls_dask.paradigms.curriculum.settings import (
@@ -49,13 +50,13 @@ __all__ = [
     "SCORERS",
     "TABLE",
     "CleaningRule",
+    "Curriculum",
     "CurriculumData",
     "CurriculumSampler",
     "CurriculumSettings",
     "CurriculumTrainer",
     "DifficultyMaker",
     "FractionPacing",
-    "InlineResult",
     "NoisyLabels",
     "Pacing",
     "SelfPacedPacing",
@@ -67,6 +68,5 @@ __all__ = [
     "make_model",
     "make_pacing",
     "register_scorer",
-    "run_inline",
     "symmetric_noise",
 ]

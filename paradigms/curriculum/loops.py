@@ -7,9 +7,12 @@
   are written with the version's ``model_step`` and the maker's name as provenance.
 - :class:`CurriculumTrainer` trains on batches from a :class:`~carls_dask.paradigms.curriculum.sampler.CurriculumSampler`
   fed with the bank's current scores; with cleaning on, flagged examples are relabelled or down-weighted.
-  It reports the planned pacing, the admitted fraction and the realised sampling every step.
+  It reports the planned pacing, the admitted fraction and the realised sampling every step, and
+  the clean test accuracy from :meth:`CurriculumTrainer.evaluate`.
 
-Both work without a bank too (the trainer then samples uniformly: the baseline).
+Both work without a bank too (the trainer then samples uniformly: the baseline). Both are
+restart-safe: the trainer's :meth:`~CurriculumTrainer.state` carries everything its later steps
+read, and the maker keeps nothing between rounds that the bank does not hold.
 """
 
 from __future__ import annotations
@@ -86,7 +89,8 @@ class CurriculumTrainer(Trainer):
     """
 
     def __init__(self, settings: CurriculumSettings, name: str = "trainer") -> None:
-        super().__init__(name, max_steps=settings.steps, publish_every=settings.publish_every)
+        super().__init__(name, max_steps=settings.steps, publish_every=settings.publish_every,
+                         eval_every=settings.eval_every or None)
         self.settings = settings
 
     def setup(self, ctx: LoopContext) -> None:
@@ -108,7 +112,7 @@ class CurriculumTrainer(Trainer):
         pacing = s.make_pacing()
         self.sampler = CurriculumSampler(int(self.given.shape[0]), s.batch_size, pacing, seed=s.seed)
         self.rule = s.rule()
-        self.use_bank = ctx.bank is not None and (s.pacing != "uniform" or s.clean != "none")
+        self.use_bank = ctx.bank is not None and s.uses_bank
         self.knowledge: dict[str, float] = {}
         self.history: list[dict[str, float]] = []
 
@@ -159,24 +163,42 @@ class CurriculumTrainer(Trainer):
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
-        out = {"loss": float(loss.detach()), **self.sampler.last, **self.knowledge}
-        every = self.settings.eval_every
-        if every and (step + 1) % every == 0:
-            out["test_accuracy"] = evaluate(self.model, self.x_test, self.y_test)
-            self.history.append({"step": float(step + 1), "test_accuracy": out["test_accuracy"]})
-        return out
+        return {"loss": float(loss.detach()), **self.sampler.last, **self.knowledge}
+
+    def evaluate(self) -> Mapping[str, float]:
+        """Clean test accuracy of the current weights (also kept in :attr:`history`)."""
+        accuracy = evaluate(self.model, self.x_test, self.y_test)
+        self.history.append({"step": float(self.start_step), "test_accuracy": accuracy})
+        return {"test_accuracy": accuracy}
 
     def state(self) -> dict[str, Any]:
+        """The base checkpoint plus the sampler, the training targets and weights, the knowledge and history.
+
+        Targets and weights change only when the bank is read (every ``refresh_every`` steps), so a
+        trainer continued from a checkpoint between two reads needs them to take the same steps.
+        """
         out = super().state()
         out["sampler"] = self.sampler.state_dict()
+        out["targets"] = self.targets.detach().cpu().clone()
+        out["weights"] = self.weights.detach().cpu().clone()
+        out["knowledge"] = dict(self.knowledge)
+        out["history"] = [dict(h) for h in self.history]
         return out
 
     def load_state(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state` checkpoint."""
         super().load_state(state)
         if "sampler" in state:
             self.sampler.load_state_dict(dict(state["sampler"]))
+        if "targets" in state:
+            self.targets = state["targets"].to(self.device)
+        if "weights" in state:
+            self.weights = state["weights"].to(self.device)
+        self.knowledge = {str(k): float(v) for k, v in dict(state.get("knowledge", {})).items()}
+        self.history = [dict(h) for h in state.get("history", [])]
 
     def finish(self) -> dict[str, Any]:
+        """The final clean test and train accuracy, the newest knowledge figures and the evaluation history."""
         return {"test_accuracy": evaluate(self.model, self.x_test, self.y_test),
                 "train_accuracy_clean": float((_logits(self.model, self.x).argmax(axis=1) == self.clean).mean()),
                 **self.knowledge, "history": self.history}
@@ -185,34 +207,29 @@ class CurriculumTrainer(Trainer):
 class DifficultyMaker(KnowledgeMaker):
     """Scores every training example with the newest model and writes the scores to the bank.
 
+    Restart-safe: each round reads the count of consecutive disagreeing rounds from the bank, so a
+    maker run again after its worker died (or in a resumed run) continues the count.
+
     Parameters
     ----------
     settings
         The run's settings (data, scorer, cleaning rule).
     name, source, max_rounds, final_pass
         See :class:`~carls_dask.runtime.maker.KnowledgeMaker`.
-    snapshot_dir
-        Bank store folder; when given, the maker snapshots the bank every ``snapshot_every`` rounds.
-    snapshot_every
-        Rounds between snapshots.
     part, parts
         This maker scores the examples whose index ``% parts == part``, so ``parts`` makers share the
         data set between them.
     """
 
     def __init__(self, settings: CurriculumSettings, name: str = "maker", *, source: str | None = None,
-                 max_rounds: int | None = None, final_pass: bool = True, snapshot_dir: str | None = None,
-                 snapshot_every: int = 1, part: int = 0, parts: int = 1) -> None:
+                 max_rounds: int | None = None, final_pass: bool = True, part: int = 0, parts: int = 1) -> None:
         super().__init__(name, source=source, max_rounds=max_rounds, final_pass=final_pass)
         if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1 or not 0 <= part < parts:
             raise ConfigError(f"DifficultyMaker {name!r}: part={part!r}, parts={parts!r}; expected 0 <= part < parts")
         self.part = part
         self.parts = parts
         self.settings = settings
-        self.snapshot_dir = snapshot_dir
-        self.snapshot_every = max(1, int(snapshot_every))
         self.rounds = 0
-        self.snapshots: list[int] = []
 
     def setup(self, ctx: LoopContext) -> None:
         import torch
@@ -256,8 +273,6 @@ class DifficultyMaker(KnowledgeMaker):
         if bank is not None:
             bank.update(TABLE, self.keys, cols, model_step=int(version.step), maker=self.name)
         self.rounds += 1
-        if bank is not None and self.snapshot_dir is not None and self.rounds % self.snapshot_every == 0:
-            self.snapshots.append(int(bank.snapshot(self.snapshot_dir, int(version.step))))
         flagged = self.rule.flagged(cols["disagree_rounds"])
         q = detection_quality(flagged, self.noisy)
         pred = cols["pseudo_label"]
@@ -271,4 +286,5 @@ class DifficultyMaker(KnowledgeMaker):
         }
 
     def finish(self) -> dict[str, Any]:
-        return {"rounds": self.rounds, "snapshots": self.snapshots}
+        """Rounds made by this run of the maker."""
+        return {"rounds": self.rounds}

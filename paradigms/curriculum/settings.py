@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
 from typing import Any
 
 from carls_dask.paradigms.curriculum.cleaning import CLEAN_MODES, CleaningRule
@@ -67,6 +66,9 @@ class CurriculumSettings:
         Trainer steps between reads of the bank's scores.
     eval_every
         Trainer steps between test-accuracy measurements (0: only at the end).
+    makers
+        Knowledge makers sharing the scoring: maker ``i`` scores the examples whose index
+        ``% makers == i``.
     data_dir
         Folder of the Fashion-MNIST files (``None``: the default places).
     threads
@@ -99,6 +101,7 @@ class CurriculumSettings:
     publish_every: int = 100
     refresh_every: int = 25
     eval_every: int = 0
+    makers: int = 1
     data_dir: str | None = None
     threads: int | None = None
 
@@ -113,13 +116,15 @@ class CurriculumSettings:
             raise ConfigError(f"CurriculumSettings: scorer={self.scorer!r}; expected one of {sorted(SCORERS)}")
         if self.clean not in CLEAN_MODES:
             raise ConfigError(f"CurriculumSettings: clean={self.clean!r}; expected one of {list(CLEAN_MODES)}")
-        for name in ("steps", "batch_size", "publish_every", "refresh_every", "hidden"):
+        for name in ("steps", "batch_size", "publish_every", "refresh_every", "hidden", "makers"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"CurriculumSettings: {name}={v!r}; expected a positive int")
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
                                          or self.threads < 1):
             raise ConfigError(f"CurriculumSettings: threads={self.threads!r}; expected a positive int or None")
+        if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int) or self.eval_every < 0:
+            raise ConfigError(f"CurriculumSettings: eval_every={self.eval_every!r}; expected an int >= 0")
         if not 0.0 <= self.noise < 1.0:
             raise ConfigError(f"CurriculumSettings: noise={self.noise!r}; expected a rate in [0, 1)")
         for name in ("ramp", "warmup"):
@@ -130,42 +135,10 @@ class CurriculumSettings:
         self.make_pacing()
         self.rule()
 
-    @classmethod
-    def from_options(cls, options: Mapping[str, str], **overrides: Any) -> CurriculumSettings:
-        """Build settings from ``key=value`` strings (``carls-dask run curriculum -o noise=0.5``).
-
-        Raises
-        ------
-        ConfigError
-            For an unknown key or a value that does not parse as the field's type.
-        """
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        kwargs: dict[str, Any] = dict(overrides)
-        defaults = cls()
-        for key, text in options.items():
-            name = key.replace("-", "_")
-            if name not in fields:
-                raise ConfigError(f"curriculum option {key!r}=; unknown; expected one of {sorted(fields)}")
-            default = getattr(defaults, name)
-            try:
-                if text.lower() in ("none", "") and name in ("n_train", "n_test", "pacing_start", "pacing_end",
-                                                             "data_dir", "threads"):
-                    kwargs[name] = None
-                elif name in ("n_train", "n_test", "threads"):
-                    kwargs[name] = int(text)
-                elif name in ("pacing_start", "pacing_end"):
-                    kwargs[name] = float(text)
-                elif isinstance(default, bool):
-                    kwargs[name] = text.lower() in ("1", "true", "yes")
-                elif isinstance(default, int):
-                    kwargs[name] = int(text)
-                elif isinstance(default, float):
-                    kwargs[name] = float(text)
-                else:
-                    kwargs[name] = text
-            except ValueError:
-                raise ConfigError(f"curriculum option {key}={text!r}: expected a value like {default!r}") from None
-        return cls(**kwargs)
+    @property
+    def uses_bank(self) -> bool:
+        """Whether the run needs the bank and its makers: paced sampling or label cleaning."""
+        return self.pacing != "uniform" or self.clean != "none"
 
     def make_pacing(self) -> Pacing:
         """The pacing function over this run's steps."""
@@ -176,10 +149,6 @@ class CurriculumSettings:
     def rule(self) -> CleaningRule:
         """The label-cleaning rule."""
         return CleaningRule(self.clean_confidence, self.clean_rounds)
-
-    def to_json(self) -> dict[str, Any]:
-        """The settings as a JSON-able dict."""
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,7 @@ from carls_dask.bank import Column, TableSpec
 from carls_dask.errors import LoopFailedError
 from carls_dask.runtime import KnowledgeMaker, Trainer, Workbench
 from carls_dask.runtime.events import watch_name
+from tests.processes import wait_for
 
 REHOME_TIMEOUT = 60.0
 
@@ -124,13 +125,6 @@ def _plugins(dask_scheduler: Any) -> list[str]:
     return sorted(dask_scheduler.plugins)
 
 
-def _wait_for(cond: Any, what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"{what} not within {timeout}s"
-        time.sleep(0.1)
-
-
 @pytest.mark.slow
 def test_maker_and_shard_worker_killed_the_run_carries_on(cluster: Any, tmp_path: pathlib.Path) -> None:
     conf = {"carls.bank.rehome-timeout": f"{REHOME_TIMEOUT:g}s", "carls.runtime.maker-restarts": 2,
@@ -143,12 +137,12 @@ def test_maker_and_shard_worker_killed_the_run_carries_on(cluster: Any, tmp_path
         t_ack, m_ack = tmp_path / "trainer.acks", tmp_path / "maker.acks"
         wb.submit_trainer(WritingTrainer("trainer", str(t_ack)), workers=[b])
         wb.submit_maker(WritingMaker("maker", str(m_ack)), workers=[a])
-        _wait_for(lambda: len(acked(m_ack)) >= 3 and len(acked(t_ack)) >= 20, "first writes", 120)
+        wait_for(lambda: len(acked(m_ack)) >= 3 and len(acked(t_ack)) >= 20, "first writes", 120)
         assert a in wb.client.processing()  # the maker runs on a
         os.kill(_pid(wb, a), signal.SIGKILL)
         killed_trainer, killed_maker = len(acked(t_ack)), len(acked(m_ack))
-        _wait_for(lambda: wb.status()["maker"].restarts == 1, "the maker restart", 60)
-        _wait_for(lambda: len(acked(m_ack)) >= killed_maker + 3 and len(acked(t_ack)) >= killed_trainer + 20,
+        wait_for(lambda: wb.status()["maker"].restarts == 1, "the maker restart", 60)
+        wait_for(lambda: len(acked(m_ack)) >= killed_maker + 3 and len(acked(t_ack)) >= killed_trainer + 20,
                   "writes after the kill", REHOME_TIMEOUT + 60)
         wb.stop(timeout=60)
         status = wb.status()
@@ -172,7 +166,7 @@ def test_trainer_worker_killed_fails_the_run_clearly(cluster: Any, tmp_path: pat
         wb.create_bank([table("steps")], n_shards=1, buckets=16, log_root=str(tmp_path / "bank"))
         t_ack = tmp_path / "trainer.acks"
         wb.submit_trainer(WritingTrainer("trainer", str(t_ack)), workers=[b])
-        _wait_for(lambda: len(acked(t_ack)) >= 10, "first writes", 120)
+        wait_for(lambda: len(acked(t_ack)) >= 10, "first writes", 120)
         os.kill(_pid(wb, b), signal.SIGKILL)
         with pytest.raises(LoopFailedError, match="trainer 'trainer'") as info:
             wb.wait(timeout=60)
@@ -192,17 +186,17 @@ def test_user_handler_on_all_topic_survives_a_workbench(cluster: Any) -> None:
             a, b = sorted(client.scheduler_info()["workers"])
             wb.submit_trainer(TickingTrainer("trainer"), workers=[b])
             maker = wb.submit_maker(EchoMaker("maker"), workers=[a])
-            _wait_for(lambda: maker.future.key in client.processing().get(a, ()), "the maker on its worker", 60)
-            _wait_for(lambda: wb.status()["maker"].progress.get("step", 0) > 0, "a first maker round", 60)
+            wait_for(lambda: maker.future.key in client.processing().get(a, ()), "the maker on its worker", 60)
+            wait_for(lambda: wb.status()["maker"].progress.get("step", 0) > 0, "a first maker round", 60)
             os.kill(_pid(wb, a), signal.SIGKILL)
-            _wait_for(lambda: wb.status()["maker"].restarts == 1, "the maker restart", 60)
+            wait_for(lambda: wb.status()["maker"].restarts == 1, "the maker restart", 60)
             # the scheduler's own event of the removal reached the user's handler during the run
-            _wait_for(lambda: any(isinstance(m, dict) and m.get("worker") == a for _, m in seen),
+            wait_for(lambda: any(isinstance(m, dict) and m.get("worker") == a for _, m in seen),
                       "the removal on the user's 'all' handler", 30)
             assert watch_name(wb.prefix) in client.run_on_scheduler(_plugins)
             wb.stop(timeout=60)
         assert wb.status()["maker"].restarts == 1 and wb.status()["trainer"].restarts == 0
         assert watch_name(wb.prefix) not in client.run_on_scheduler(_plugins)  # the watch was unregistered
         client.log_event("all", {"after": "the workbench"})
-        _wait_for(lambda: any(m == {"after": "the workbench"} for _, m in seen),
+        wait_for(lambda: any(m == {"after": "the workbench"} for _, m in seen),
                   "the user's event after the Workbench closed", 30)
