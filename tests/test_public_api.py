@@ -37,10 +37,10 @@ PUBLIC = {
     "carls_dask.paradigms.multimodal.paradigm": ["Multimodal", "MultimodalSettings", "RECALLS"],
     "carls_dask.paradigms.semi_supervised": ["NodeClassifierCore", "SemiSupervised", "SemiSupervisedConfig"],
     "carls_dask.paradigms.curriculum": [
-        "BANK_COLUMNS", "CLEAN_MODES", "PACING_SCHEDULES", "SCORERS", "TABLE", "CleaningRule", "CurriculumData",
-        "CurriculumSampler", "CurriculumSettings", "CurriculumTrainer", "DifficultyMaker", "FractionPacing",
-        "InlineResult", "NoisyLabels", "Pacing", "SelfPacedPacing", "clean_targets", "detection_quality",
-        "difficulty_table", "get_scorer", "load_data", "make_model", "make_pacing", "register_scorer", "run_inline",
+        "BANK_COLUMNS", "CLEAN_MODES", "PACING_SCHEDULES", "SCORERS", "TABLE", "CleaningRule", "Curriculum",
+        "CurriculumData", "CurriculumSampler", "CurriculumSettings", "CurriculumTrainer", "DifficultyMaker",
+        "FractionPacing", "NoisyLabels", "Pacing", "SelfPacedPacing", "clean_targets", "detection_quality",
+        "difficulty_table", "get_scorer", "load_data", "make_model", "make_pacing", "register_scorer",
         "symmetric_noise",
     ],
 }
