@@ -128,7 +128,7 @@ class ProgressSink:
     def __init__(self, book: ProgressBook, *, total: int | None = None, show: bool = True,
                  metrics_path: str | pathlib.Path | None = None, run: str = "") -> None:
         self.book = book
-        self._bar: Any = (_Bar(total=total, unit="step", desc=run or "run", leave=False, mininterval=1.0)
+        self._bar: Any = (_Bar(total=total, unit="step", desc=run or "run", leave=True, mininterval=1.0)
                           if show else None)
         self._writer: Any = None
         if metrics_path is not None:
@@ -177,6 +177,8 @@ class ProgressSink:
             self.flush()
         finally:
             if self._bar is not None:
+                self._bar.set_postfix_str(self.book.summary(), refresh=False)
+                self._bar.refresh()  # the final state stays on the terminal: the bar ends complete
                 self._bar.close()
             if self._writer is not None:
                 self._writer.close()
