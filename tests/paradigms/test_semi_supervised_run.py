@@ -256,6 +256,7 @@ def test_a_cora_run_survives_losing_a_shard_worker_and_the_trainer_worker(three_
     from carls_dask.storage import open_bank
 
     base = results["undisturbed"]["test_acc"]
+    print({case: (r["test_acc"], r.loops["trainer"]["restarts"], r.wall_seconds) for case, r in results.items()})
     for case in ("shard", "trainer"):
         r = results[case]
         assert abs(r["test_acc"] - base) <= 0.02, (case, r["test_acc"], base)
