@@ -77,7 +77,7 @@ BAD_ARGS: list[tuple[list[str], int, str]] = [
     (["bank"], 2, "required"),
     (["run"], 1, "expected a paradigm name"),
     (["run", "no-such-paradigm"], 1, "no-such-paradigm"),
-    (["run", "semi-supervised", "--steps", "-1"], 1, "run --steps: got -1; expected a non-negative number"),
+    (["run", "semi-supervised", "--steps", "-1"], 1, "run --steps: got -1; expected a positive number"),
     (["run", "semi-supervised", "-o", "novalue"], 1, "got 'novalue'; expected KEY=VALUE"),
     (["run", "semi-supervised", "--steps", "many"], 2, "invalid int value: 'many'"),
     (["bench", "nope"], 1, "unknown benchmark 'nope'; expected one of"),

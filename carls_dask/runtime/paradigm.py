@@ -93,15 +93,19 @@ class Paradigm:
         return settings_from_options(self.settings_type, options or {}, base=base, owner=f"paradigm {self.name!r}")
 
     def variant_of(self, settings: Any) -> str:
-        """The variant whose overrides ``settings`` match (the most specific one), or ``"custom"``."""
-        matching = [(len(over), name) for name, over in self.variants.items()
-                    if all(getattr(settings, k, None) == v for k, v in over.items())]
-        if not matching:
-            return "custom"
-        most = max(n for n, _ in matching)
-        names = [name for n, name in matching if n == most]
+        """The variant ``settings`` are closest to: most of its overrides matched, fewest contradicted.
+
+        Settings built from a variant and then changed (a smaller batch, another ``k``) still name
+        that variant; ties go to the default variant.
+        """
         default = self.variant_name(None)
-        return default if default in names else names[0]
+
+        def score(name: str) -> tuple[int, int]:
+            over = self.variants[name]
+            same = sum(getattr(settings, k, None) == v for k, v in over.items())
+            return same - (len(over) - same), int(name == default)
+
+        return max(self.variants, key=score)
 
     def describe(self, variant: str | None = None) -> list[Any]:
         """Every setting with its type, default (in ``variant``) and meaning."""

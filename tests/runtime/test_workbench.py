@@ -151,7 +151,10 @@ def test_failure_is_raised_once_by_results(client: Any) -> None:
 
 
 def test_stop_past_its_deadline_cancels_and_says_so(client: Any) -> None:
-    with pytest.raises(DeadlineExceeded, match=r"\['sleepy'\] did not stop within 0.5s"):
+    import dask
+
+    with pytest.raises(DeadlineExceeded, match=r"\['sleepy'\] did not stop within 0.5s"), \
+            dask.config.set({"carls.run.metrics-every": 1}):  # a report after each 3-second step
         with Workbench(client, progress=False) as wb:
             wb.submit_trainer(SleepyTrainer("sleepy"))
             deadline = time.monotonic() + 120
