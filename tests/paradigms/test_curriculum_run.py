@@ -157,12 +157,15 @@ def test_a_run_whose_shard_worker_is_killed_finishes_as_an_undisturbed_one(clust
                                                                           tmp_path: pathlib.Path) -> None:
     """Shard 0's worker is SIGKILLed after the first checkpoint; the shard is re-homed from the store.
 
-    Measured: undisturbed 0.935, killed at step 50 (the trainer shared the worker and continued from
-    its step-50 state) 0.947. The makers run at their own pace, so the two runs differ by that alone.
+    Fashion-MNIST (10,000 training and 5,000 test images): on the 449 test digits one image is 0.22
+    points, and undisturbed runs of the digits differed by up to 3 points (the makers run at their own
+    pace), more than the 2 points allowed; three undisturbed Fashion-MNIST runs were within 0.8 points
+    (0.808, 0.811, 0.804).
     """
     from distributed import Client
 
-    settings = _digits(steps=600, publish_every=20, eval_every=100)
+    settings = _digits(steps=600, publish_every=20, eval_every=100, dataset="fashion-mnist", n_train=10_000,
+                       n_test=5_000)
     conf = {"carls.run.snapshot-every": 50, "carls.bank.rehome-timeout": "60s", "carls.runtime.poll-interval": "0.1s",
             "carls.runtime.report-interval": "0.2s"}
     with dask.config.set(conf), Client(cluster) as client:
