@@ -46,9 +46,12 @@ def run_figures(run_dir: pathlib.Path) -> list[str]:
     except CarlsError:
         metrics = None
     if metrics is not None:
-        for name in sorted(str(n) for n in metrics.data_vars):
+        names = sorted(str(n) for n in metrics.data_vars)
+        # a series also written without its loop's name (for the dashboards) is listed once, under the loop
+        looped = {n.split(".", 1)[1] for n in names if "." in n}
+        for name in names:
             values = np.asarray(metrics[name].values, dtype=np.float64)
-            if values.ndim != 1 or not name.endswith(FIGURE_SUFFIXES):
+            if values.ndim != 1 or not name.endswith(FIGURE_SUFFIXES) or name in looped:
                 continue
             seen = np.flatnonzero(np.isfinite(values))
             if seen.size:

@@ -33,3 +33,10 @@ def test_run_figures_show_the_highest_value_beside_the_last(tmp_path: pathlib.Pa
 
 def test_run_figures_of_an_empty_folder_is_empty(tmp_path: pathlib.Path) -> None:
     assert run_figures(tmp_path) == []
+
+
+def test_run_figures_list_a_series_written_twice_once_under_its_loop(tmp_path: pathlib.Path) -> None:
+    with storage.MetricWriter(tmp_path / "metrics.zarr", run="run") as writer:
+        writer.append(10, **{"trainer.test_acc": 0.5, "test_acc": 0.5, "val_acc": 0.4})
+    assert run_figures(tmp_path) == [f"  {'trainer.test_acc':<32} last 0.5000 (step 10), highest 0.5000 (step 10)",
+                                     f"  {'val_acc':<32} last 0.4000 (step 10), highest 0.4000 (step 10)"]
