@@ -173,6 +173,7 @@ class _Plan:
     checkpointer: Checkpointer | None
     resume: bool
     started: float
+    tables: Sequence[Any] = ()
 
     @property
     def bank_root(self) -> str | None:
@@ -191,6 +192,7 @@ def _plan(paradigm: Paradigm | str, settings: Any, variant: str | None, run_dir:
     else:
         name = p.variant_name(variant) if variant is not None else p.variant_of(settings)
     settings = p.prepare(settings)
+    tables = list(p.tables(settings))  # asked once: a paradigm may read its data to answer
     folder = pathlib.Path(run_dir) if run_dir is not None else None
     checkpointer = None
     if folder is not None:
@@ -204,8 +206,8 @@ def _plan(paradigm: Paradigm | str, settings: Any, variant: str | None, run_dir:
             p.write_artifacts(settings, folder)
         checkpointer = Checkpointer(str(folder), int(config.get("run.snapshot-every")),
                                     int(config.get("run.keep-snapshots")),
-                                    str(folder / "bank") if p.tables(settings) else None)
-    return _Plan(p, name, settings, folder, checkpointer, resume, time.time())
+                                    str(folder / "bank") if tables else None)
+    return _Plan(p, name, settings, folder, checkpointer, resume, time.time(), tables)
 
 
 def _finish(plan: _Plan, driver: str, results: Mapping[str, LoopResult], restarts: Mapping[str, int]) -> RunResult:
@@ -281,7 +283,7 @@ def run_paradigm(paradigm: Paradigm | str, settings: Any = None, *, variant: str
     p, s = plan.paradigm, plan.settings
     seconds = config.get_seconds("run.timeout", timeout)
     trainers, makers = _split(p.loops(s), p.name)
-    tables = p.tables(s)
+    tables = plan.tables
     wb = Workbench(cluster, run_dir=plan.run_dir, progress=progress, checkpointer=plan.checkpointer,
                    name=plan.run_dir.name if plan.run_dir is not None else p.name)
     wb.book = ProgressBook(p.unprefixed)
@@ -345,7 +347,7 @@ def run_inline(paradigm: Paradigm | str, settings: Any = None, *, variant: str |
     plan = _plan(paradigm, settings, variant, run_dir, "inline", resume=_resume)
     p, s = plan.paradigm, plan.settings
     trainers, makers = _split(p.loops(s), p.name)
-    tables = p.tables(s)
+    tables = plan.tables
     bank = None
     if tables:
         if plan.resume and plan.bank_root is not None and _has_snapshot(plan.bank_root):
