@@ -1,0 +1,113 @@
+"""Fixtures of the browser tests: headless Chromium, a served dashboard, and run folders of real paradigm runs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+pytest.importorskip("playwright")
+from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
+
+from tests.processes import free_port, stop_process
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+#: Seconds for a server to answer and a page to draw (2 shared cores, cold imports).
+START_DEADLINE = 400.0
+#: Steps of the small real runs the page tests look at.
+RUN_STEPS = 40
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Browser]:
+    """One headless Chromium for the session's page tests."""
+    if not pathlib.Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install the Debian package 'chromium' (system-packages.txt)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def open_page(browser: Browser, url: str, *, offline: bool = False, width: int = 1500) -> tuple[Page, list[str]]:
+    """Open ``url`` in a new page; returns the page and a list that collects its console errors and failed requests."""
+    context = browser.new_context(viewport={"width": width, "height": 1100}, offline=offline)
+    page = context.new_page()
+    errors: list[str] = []
+
+    def on_console(msg: ConsoleMessage) -> None:
+        if msg.type == "error":
+            errors.append(msg.text)
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
+    page.on("requestfailed", lambda req: errors.append(f"request failed: {req.url}"))
+    page.goto(url, timeout=START_DEADLINE * 1000)
+    return page, errors
+
+
+@contextlib.contextmanager
+def serve_dashboard(runs: Sequence[pathlib.Path], log: pathlib.Path, **env_overrides: str) -> Iterator[str]:
+    """Serve the dashboard of ``runs`` with ``panel serve dashboards/app.py``; yields the page's URL, stops the server after."""
+    port = free_port()
+    env = dict(os.environ, DASK_CARLS__DASHBOARD__REFRESH="0.5s", PYTHONPATH=str(ROOT), **env_overrides)
+    cmd = [
+        sys.executable, "-m", "panel", "serve", str(ROOT / "dashboards" / "app.py"),
+        "--address", "127.0.0.1", "--port", str(port), "--allow-websocket-origin", f"127.0.0.1:{port}",
+        "--liveness", "--args", *[str(r) for r in runs],
+    ]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + START_DEADLINE
+        while True:
+            assert proc.poll() is None, f"panel serve exited with {proc.returncode}: {log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/liveness", timeout=5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"panel serve did not answer in {START_DEADLINE} s: {log.read_text()[-3000:]}") from None
+                time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}/app"
+    finally:
+        stop_process(proc)
+
+
+def _inline_run(root: pathlib.Path, paradigm: str, variant: str, seed: int, steps: int, **overrides: object) -> pathlib.Path:
+    from carls_dask.runtime.runner import run_inline
+    from carls_dask.runtime.registry import get_paradigm
+
+    p = get_paradigm(paradigm)
+    run_dir = root / f"{paradigm}-{variant}-{seed}"
+    run_inline(p, p.settings(variant, steps=steps, seed=seed, **overrides), variant=variant, run_dir=run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def semi_runs(tmp_path_factory: pytest.TempPathFactory) -> list[pathlib.Path]:
+    """Three small real semi-supervised runs on Cora (in process, deterministic): base, bank+pseudo seeds 0 and 1."""
+    root = tmp_path_factory.mktemp("semi-runs")
+    return [
+        _inline_run(root, "semi-supervised", "bank+pseudo", 0, RUN_STEPS),
+        _inline_run(root, "semi-supervised", "bank+pseudo", 1, RUN_STEPS),
+        _inline_run(root, "semi-supervised", "base", 0, RUN_STEPS),
+    ]
+
+
+@pytest.fixture(scope="session")
+def curriculum_run(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A small real curriculum run (in process, deterministic)."""
+    return _inline_run(tmp_path_factory.mktemp("curriculum-run"), "curriculum", "curriculum", 0, RUN_STEPS * 2)
