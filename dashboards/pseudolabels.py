@@ -8,6 +8,8 @@ column of the table itself; ``-1`` means unknown.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import xarray as xr
 
@@ -16,6 +18,7 @@ from carls_dask.storage.errors import InvalidBatchError, UnknownColumnError
 
 __all__ = [
     "TRUTH_COLUMNS",
+    "QualityIndex",
     "confidence_histogram",
     "flip_rate",
     "has_pseudo_labels",
@@ -43,8 +46,9 @@ def truth_for(ds: xr.Dataset, truth: xr.DataArray | None = None) -> np.ndarray |
             raise UnknownColumnError(f"truth: expected a 'key' coordinate, got coords {sorted(map(str, truth.coords))}")
         tk = np.asarray(truth["key"].values, dtype=np.int64)
         tv = np.asarray(truth.values, dtype=np.int64)
-        order = np.argsort(tk)
-        tk, tv = tk[order], tv[order]
+        if tk.size > 1 and not bool((tk[1:] >= tk[:-1]).all()):  # a truth file is usually written in key order
+            order = np.argsort(tk, kind="stable")
+            tk, tv = tk[order], tv[order]
         keys = keys_of(ds)
         pos = np.clip(np.searchsorted(tk, keys), 0, max(tk.size - 1, 0))
         out = np.full(keys.size, -1, dtype=np.int64)
@@ -67,6 +71,61 @@ def _labels(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
     return pl, conf
 
 
+@dataclass(frozen=True)
+class QualityIndex:
+    """The pseudo labels of a table sorted by confidence, so precision and coverage at any threshold are a lookup.
+
+    Built once per table read (:meth:`of`); :meth:`at` then answers a new threshold with two binary
+    searches, however many rows the table has, so a threshold widget never re-reads the table.
+    """
+
+    rows: int
+    #: Confidence of each labelled row, ascending.
+    confidence: np.ndarray
+    #: ``judged_above[i]``: rows among ``confidence[i:]`` with known truth (length ``n + 1``).
+    judged_above: np.ndarray
+    #: ``right_above[i]``: rows among ``confidence[i:]`` whose label equals the truth (length ``n + 1``).
+    right_above: np.ndarray
+    has_truth: bool
+
+    @classmethod
+    def of(cls, ds: xr.Dataset, truth: xr.DataArray | None = None) -> QualityIndex:
+        """Index the pseudo labels of ``ds`` (truth as in :func:`truth_for`)."""
+        pl, conf = _labels(ds)
+        t = truth_for(ds, truth)
+        lab = pl >= 0
+        order = np.argsort(conf[lab], kind="stable")
+        c = conf[lab][order]
+        if t is None:
+            judged = right = np.zeros(c.size, dtype=np.int64)
+        else:
+            tl, pll = t[lab][order], pl[lab][order]
+            judged = (tl >= 0).astype(np.int64)
+            right = ((tl >= 0) & (pll == tl)).astype(np.int64)
+
+        def above(x: np.ndarray) -> np.ndarray:
+            return np.concatenate([np.cumsum(x[::-1])[::-1], [0]]).astype(np.int64)
+
+        return cls(rows=int(pl.size), confidence=c, judged_above=above(judged), right_above=above(right), has_truth=t is not None)
+
+    def at(self, threshold: float) -> dict[str, float]:
+        """Precision and coverage at ``threshold``, as :func:`label_quality` returns them."""
+        i = int(np.searchsorted(self.confidence, threshold, side="left"))
+        labelled = self.confidence.size - i
+        out = {
+            "rows": float(self.rows),
+            "labelled": float(labelled),
+            "coverage": labelled / self.rows if self.rows else np.nan,
+        }
+        if not self.has_truth:
+            out.update(judged=0.0, precision=np.nan)
+            return out
+        judged = int(self.judged_above[i])
+        out["judged"] = float(judged)
+        out["precision"] = int(self.right_above[i]) / judged if judged else np.nan
+        return out
+
+
 def label_quality(ds: xr.Dataset, truth: xr.DataArray | None = None, threshold: float = 0.0) -> dict[str, float]:
     """Precision and coverage of the pseudo labels at a confidence threshold.
 
@@ -77,18 +136,7 @@ def label_quality(ds: xr.Dataset, truth: xr.DataArray | None = None, threshold: 
         ``precision``: fraction of those rows with known truth whose label is right (NaN if none);
         ``labelled``, ``judged``, ``rows``: the counts behind them.
     """
-    pl, conf = _labels(ds)
-    t = truth_for(ds, truth)
-    labelled = (pl >= 0) & (conf >= threshold)
-    rows = pl.size
-    out = {"rows": float(rows), "labelled": float(labelled.sum()), "coverage": float(labelled.mean()) if rows else np.nan}
-    if t is None:
-        out.update(judged=0.0, precision=np.nan)
-        return out
-    judged = labelled & (t >= 0)
-    out["judged"] = float(judged.sum())
-    out["precision"] = float((pl[judged] == t[judged]).mean()) if judged.any() else np.nan
-    return out
+    return QualityIndex.of(ds, truth).at(threshold)
 
 
 def threshold_curve(
@@ -96,7 +144,8 @@ def threshold_curve(
 ) -> xr.Dataset:
     """Precision and coverage as the confidence threshold sweeps ``thresholds`` (default 0, 0.05, ..., 1)."""
     th = np.linspace(0.0, 1.0, 21) if thresholds is None else np.asarray(thresholds, dtype=np.float64)
-    rows = [label_quality(ds, truth, float(x)) for x in th]
+    index = QualityIndex.of(ds, truth)
+    rows = [index.at(float(x)) for x in th]
     return xr.Dataset(
         {
             "precision": ("threshold", np.array([r["precision"] for r in rows])),

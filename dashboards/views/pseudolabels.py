@@ -14,10 +14,10 @@ from carls_dask.dashboards import metricnames as mn
 from carls_dask.dashboards.bankdata import has_column
 from carls_dask.dashboards.figures import LiveBars, LiveCurves, LiveStackedBars
 from carls_dask.dashboards.pseudolabels import (
+    QualityIndex,
     confidence_histogram,
     flip_rate,
     has_pseudo_labels,
-    label_quality,
     per_class_accuracy,
     threshold_curve,
     truth_for,
@@ -50,8 +50,10 @@ class PseudoLabelView(RunView):
         self._steps: dict[int, int] = {}
         self.summary = pn.pane.Markdown("", sizing_mode="stretch_width")
         self.threshold_slider = pn.widgets.FloatSlider.from_param(self.param.threshold, step=0.05, width=300)
-        # A new threshold re-reads in a worker thread (in a served page) and updates the figures in place.
-        self.param.watch(lambda _e: in_background(self._rejudge, self.flush), ["threshold", "bins"])
+        # A new threshold is a lookup in the index of the rows shown (answered at once, where the change
+        # arrives); new bins recount the histogram in a worker thread (in a served page), updated in place.
+        self.param.watch(lambda _e: self._show_summary(), ["threshold"])
+        self.param.watch(lambda _e: in_background(self._rejudge, self.flush), ["bins"])
         self._hist = LiveStackedBars("confidence histogram", "no pseudo labels yet", "confidence", name="pl-confidence")
         self._classes = LiveBars("per-class accuracy", "no held-out truth", "class", "accuracy", name="pl-classes")
         self._curve = LiveCurves("threshold curve", "no held-out truth", xlabel="threshold", name="pl-threshold")
@@ -61,6 +63,7 @@ class PseudoLabelView(RunView):
         self._series = LiveCurves("precision / coverage reported by the run", "not written by this run", name="pl-series")
         self.quality: dict[str, float] = {}
         self._shown: tuple[xr.Dataset, xr.DataArray | None, bool] | None = None  # what the figures show now
+        self._index: QualityIndex | None = None  # the shown rows sorted by confidence
         self._found: str | None = None  # the table found to hold the pseudo labels
         self._own: RunReader | None = None  # its reader, when it is not the reader's table
 
@@ -122,28 +125,36 @@ class PseudoLabelView(RunView):
         self._update_series()
 
     def _judge(self, ds: xr.Dataset, truth: xr.DataArray | None, has_truth: bool) -> None:
-        """The summary and the confidence histogram at the current threshold and bins.
+        """Index the rows read for the summary, and count the confidence histogram at the current bins.
 
         Takes no lock (a widget change must never wait for a periodic read in a low-priority thread):
-        a result computed for a threshold or bin count that changed meanwhile is dropped, since the
-        change judges again with the new one.
+        a histogram counted for a bin count that changed meanwhile is dropped, since the change counts
+        again with the new one.
         """
-        threshold, bins = self.threshold, self.bins
-        q = label_quality(ds, truth, threshold)
+        bins = self.bins
+        self._index = QualityIndex.of(ds, truth)
+        self._show_summary()
         parts = ["right", "wrong", "unjudged"] if has_truth else ["unjudged"]
         hist = confidence_histogram(ds, truth, bins)
-        if (threshold, bins) != (self.threshold, self.bins):
+        if bins != self.bins:
             return
+        self._hist.set(hist["bin"].values, {p: hist[p].values for p in parts})
+
+    def _show_summary(self) -> None:
+        """Show precision and coverage of the indexed rows at the current threshold (a lookup: no read)."""
+        index, threshold = self._index, self.threshold
+        if index is None:
+            return
+        q = index.at(threshold)
         self.quality = q
         self.summary.object = (
             f"**precision** {_fmt(q['precision'])} &nbsp; **coverage** {_fmt(q['coverage'])} "
             f"&nbsp; labelled rows {int(q['labelled'])} of {int(q['rows'])} (judged {int(q['judged'])}) "
             f"at confidence >= {threshold:.2f}"
         )
-        self._hist.set(hist["bin"].values, {p: hist[p].values for p in parts})
 
     def _rejudge(self) -> None:
-        """Judge the rows shown now at a new threshold or bin count, without reading the run again.
+        """Count the histogram of the rows shown now at a new bin count, without reading the run again.
 
         A widget change answers at once this way; the next periodic refresh brings the new rows.
         """

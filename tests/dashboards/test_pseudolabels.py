@@ -5,8 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import xarray as xr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from carls_dask.dashboards.pseudolabels import (
+    QualityIndex,
     confidence_histogram,
     flip_rate,
     has_pseudo_labels,
@@ -98,3 +101,26 @@ def test_has_pseudo_labels() -> None:
     assert has_pseudo_labels(_table())
     assert not has_pseudo_labels(make_table(np.arange(3), np.zeros((3, 2))))
     assert not has_pseudo_labels(make_table(np.arange(3), np.zeros((3, 2)), pseudo_label=np.full(3, -1)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(-1, 3), st.integers(-1, 3), st.sampled_from([0.0, 0.1, 0.5, 0.5, 0.9, 1.0])), min_size=0, max_size=40),
+    st.sampled_from([0.0, 0.05, 0.1, 0.5, 0.55, 0.9, 1.0, 1.01]),
+)
+def test_quality_index_answers_every_threshold_as_counting_the_rows_does(rows: list[tuple[int, int, float]], threshold: float) -> None:
+    pl = np.array([r[0] for r in rows], dtype=np.int64)
+    truth = np.array([r[1] for r in rows], dtype=np.int64)
+    conf = np.array([r[2] for r in rows], dtype=np.float64)
+    ds = xr.Dataset(
+        {"pseudo_label": ("key", pl), "confidence": ("key", conf), "label": ("key", truth)},
+        coords={"key": np.arange(pl.size, dtype=np.int64)},
+    )
+    got = QualityIndex.of(ds).at(threshold)
+    labelled = (pl >= 0) & (conf >= threshold)
+    judged = labelled & (truth >= 0)
+    assert got["labelled"] == labelled.sum() and got["judged"] == judged.sum() and got["rows"] == pl.size
+    if judged.any():
+        assert got["precision"] == pytest.approx((pl[judged] == truth[judged]).mean())
+    else:
+        assert np.isnan(got["precision"])

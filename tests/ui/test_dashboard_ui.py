@@ -155,8 +155,8 @@ def writing_run(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
 
 @pytest.fixture
 def writing_big_run(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
-    """A run writing a 20,000-row bank (snapshots every 4 writes) and a metric row per write."""
-    run, proc = _start_writer(tmp_path, "--start-rows", "20000", "--snapshot-every", "4")
+    """A run writing a 100,000-row bank (snapshots every 4 writes) and a metric row per write."""
+    run, proc = _start_writer(tmp_path, "--start-rows", "100000", "--snapshot-every", "4")
     try:
         yield run
     finally:
@@ -290,7 +290,7 @@ def _labelled_of(page: Page) -> int:
 def test_page_stays_responsive_over_many_plot_refreshes_and_shows_new_data(
     browser: Browser, writing_big_run: pathlib.Path, tmp_path: pathlib.Path, artifacts_dir: pathlib.Path
 ) -> None:
-    """Plots refresh every 2 s for 36 s while a run writes a 20,000-row bank; the page keeps answering.
+    """Plots refresh every 2 s for 36 s while a run writes a 100,000-row bank; the page keeps answering.
 
     Measured all along: the latency of the server's /liveness (answered on the event loop that serves
     the page) every 0.25 s, and the round trip of a widget change (the pseudo-label threshold: the
@@ -301,7 +301,7 @@ def test_page_stays_responsive_over_many_plot_refreshes_and_shows_new_data(
         page, errors = _open(browser, url)
         _wait_text(page, r"refreshed \d\d:\d\d:\d\d", START_DEADLINE)
         page.locator("canvas").first.wait_for(timeout=60_000)
-        deadline = time.monotonic() + 120  # the first plot refresh of a 20,000-row bank, on a shared machine
+        deadline = time.monotonic() + 120  # the first plot refresh of a 100,000-row bank, on a shared machine
         while page.evaluate(_POINTS, "health-rates/bank_lookups") < 1 and time.monotonic() < deadline:
             page.wait_for_timeout(250)
         rows_before = _bank_rows(page)
