@@ -1,0 +1,76 @@
+"""A signal to the process ``carls-dask dashboard`` started stops the whole server: port closed, nothing left."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.dashboards.runfolder import nodes, write_snapshot, write_truth
+from tests.processes import free_port, group_members, port_open, stop_process
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: The console script of this environment (what a user runs).
+CARLS_DASK = pathlib.Path(sys.executable).parent / "carls-dask"
+#: Seconds for the server to import Panel and answer (2 shared cores, cold imports).
+START_DEADLINE = 180.0
+#: Seconds the server is given to close its port and end, and everything it started with it, after the signal.
+STOP_DEADLINE = 20.0
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A run folder with a committed bank snapshot and held-out labels."""
+    run = tmp_path_factory.mktemp("signals") / "run"
+    keys, columns = nodes(300, step=10)
+    write_snapshot(run / "bank", 10, keys, columns)
+    write_truth(run, 300)
+    return run
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_to_dashboard_closes_its_port_and_leaves_no_process(
+    run: pathlib.Path, tmp_path: pathlib.Path, sig: signal.Signals
+) -> None:
+    assert CARLS_DASK.exists(), f"console script {CARLS_DASK} is missing: install the package (pip install -e .)"
+    port = free_port()
+    log = tmp_path / "dashboard.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(CARLS_DASK), "dashboard", str(run), "--port", str(port)],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT,
+        )
+    try:
+        deadline = time.monotonic() + START_DEADLINE
+        while not port_open(port):
+            assert proc.poll() is None, f"carls-dask dashboard exited with {proc.returncode}: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"port {port} not open in {START_DEADLINE} s: {log.read_text()[-3000:]}"
+            time.sleep(0.2)
+        # a page is built (app.py reads its arguments) before the signal comes
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/app", timeout=120) as resp:
+            assert resp.status == 200
+            assert b"carls-dask run" in resp.read()
+        assert group_members(proc.pid) == [proc.pid], "the served dashboard is one process (exec, no child)"
+
+        os.kill(proc.pid, sig)
+        t0 = time.monotonic()
+        try:
+            code = proc.wait(timeout=STOP_DEADLINE)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{sig.name}: the dashboard (pid {proc.pid}) still runs {STOP_DEADLINE} s later: {log.read_text()[-3000:]}")
+        stopped_s = time.monotonic() - t0
+        assert not port_open(port), f"{sig.name}: port {port} still accepts connections after the dashboard ended"
+        while (left := group_members(proc.pid)) and time.monotonic() - t0 < STOP_DEADLINE:
+            time.sleep(0.1)
+        assert not left, f"{sig.name}: processes of the dashboard's session remain: {left}"
+        assert code in (0, -sig, 128 + sig), f"{sig.name}: unexpected exit status {code}: {log.read_text()[-3000:]}"
+        print(f"{sig.name}: stopped in {stopped_s:.2f} s with status {code}")
+    finally:
+        stop_process(proc, group=True)
