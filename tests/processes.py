@@ -85,3 +85,56 @@ def wait_for(cond: Callable[[], object], what: str, timeout: float) -> None:
     while not cond():
         assert time.monotonic() < deadline, f"{what} not within {timeout}s"
         time.sleep(0.1)
+
+
+#: Command-line parts of descendants the suite does not own: Python's multiprocessing helpers, which end with
+#: the process that started them.
+NOT_OURS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def adopt_orphans() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``).
+
+    A grandchild whose parent ends is then reparented here, not to init, so it stays a descendant that
+    :func:`live_descendants` finds. Returns whether the kernel agreed.
+    """
+    import ctypes
+
+    PR_SET_CHILD_SUBREAPER = 36
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def live_descendants(exclude: frozenset[int] = frozenset()) -> list[tuple[int, str]]:
+    """``(pid, command line)`` of every live (not zombie) descendant of this process the suite owns."""
+    import psutil
+
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.pid in exclude or child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmdline = " ".join(child.cmdline()) or child.name()
+        except psutil.NoSuchProcess:
+            continue
+        if not any(part in cmdline for part in NOT_OURS):
+            found.append((child.pid, cmdline))
+    return found
+
+
+def end_descendants(grace: float = 5.0, exclude: frozenset[int] = frozenset()) -> list[tuple[int, str]]:
+    """Wait up to ``grace`` seconds for this process's descendants to end; kill and return those that did not."""
+    import psutil
+
+    deadline = time.monotonic() + grace
+    while (left := live_descendants(exclude)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid, _ in left:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.NoSuchProcess:
+            pass
+    return left
