@@ -171,7 +171,9 @@ def write_report(
     paths = run_folders(runs)
     out = pathlib.Path(out)
     check_report_paths(paths, out)
-    title = title or "carls-dask report: " + ", ".join(p.name for p in paths)
+    if title is None:
+        names = ", ".join(p.name for p in paths) if len(paths) <= 3 else f"{len(paths)} runs in {paths[0].parent}"
+        title = f"carls-dask report: {names}"
     t0 = time.perf_counter()
     sections: list[pn.viewable.Viewable] = []
     for heading, dash in make_dashboards(paths):
