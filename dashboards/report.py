@@ -20,7 +20,8 @@ from collections.abc import Sequence
 
 import panel as pn
 from bokeh.document import Document
-from bokeh.models import ImportedStyleSheet, UIElement
+from bokeh.models import ImportedStyleSheet
+from bokeh.models.ui import UIElement
 from bokeh.resources import INLINE
 from panel.io.model import add_to_doc
 from panel.io.notebook import patch_inline_stylesheets
@@ -112,11 +113,13 @@ def _static(dash: Dashboard) -> pn.viewable.Viewable:
     """``dash``'s layout made for a file: every tab rendered, no live status line, server-bound widgets disabled."""
     layout = dash.__panel__()
     for tabs in layout.select(pn.Tabs):
+        assert isinstance(tabs, pn.Tabs)
         tabs.dynamic = False  # a file has no server to render a tab when it is opened
     status = getattr(dash, "status", None)
     if status is not None:
         status.visible = False  # "refreshed ... every 1 s" is not true of a file
     for widget in layout.select(pn.widgets.Widget):
+        assert isinstance(widget, pn.widgets.Widget)
         widget.disabled = True
     return layout
 
@@ -138,7 +141,7 @@ def _inline_document(page: pn.viewable.Viewable) -> Document:
     add_to_doc(root, doc, True)
     for model in root.select({"type": UIElement}):
         patch_inline_stylesheets(model)
-    linked = sorted({s.url for s in doc.select({"type": ImportedStyleSheet})})
+    linked = sorted({str(s.url) for s in doc.select({"type": ImportedStyleSheet}) if isinstance(s, ImportedStyleSheet)})
     if linked:
         raise RuntimeError(f"report: components link stylesheets {linked}; expected every stylesheet inlined")
     return doc

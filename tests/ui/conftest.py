@@ -89,8 +89,8 @@ def serve_dashboard(runs: Sequence[pathlib.Path], log: pathlib.Path, **env_overr
 
 
 def _inline_run(root: pathlib.Path, paradigm: str, variant: str, seed: int, steps: int, **overrides: object) -> pathlib.Path:
-    from carls_dask.runtime.runner import run_inline
     from carls_dask.runtime.registry import get_paradigm
+    from carls_dask.runtime.runner import run_inline
 
     p = get_paradigm(paradigm)
     run_dir = root / f"{paradigm}-{variant}-{seed}"
