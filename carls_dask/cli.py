@@ -95,9 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     runcli.add_arguments(p)
     p.set_defaults(handler=runcli.run)
 
-    p = sub.add_parser("dashboard", help="serve the Panel dashboard of a run folder")
+    p = sub.add_parser("dashboard", help="serve the Panel dashboard of run folders")
     dashboard_cli.add_arguments(p)
     p.set_defaults(handler=dashboard_cli.run)
+
+    p = sub.add_parser("report", help="write the dashboard of run folders as one self-contained HTML file")
+    dashboard_cli.add_report_arguments(p)
+    p.set_defaults(handler=dashboard_cli.run_report)
 
     p = sub.add_parser("bench", help="run a benchmark script and print its measured ratios")
     p.add_argument("name", nargs="?", help="benchmark to run (see --list), e.g. bank_throughput")

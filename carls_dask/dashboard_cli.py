@@ -1,4 +1,8 @@
-"""``carls-dask dashboard RUN_PATH``: serve the Panel dashboard of a run folder, bound to localhost by default."""
+"""``carls-dask dashboard RUN [RUN ...]`` and ``carls-dask report RUN [RUN ...] -o FILE``.
+
+``dashboard`` serves the Panel dashboard of one or more run folders (or folders of runs), bound to
+localhost by default; ``report`` writes the same figures into one self-contained HTML file.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,26 @@ import logging
 import os
 import pathlib
 import sys
+from collections.abc import Sequence
 
 from carls_dask import config
 from carls_dask.storage.errors import ConfigError
 
-__all__ = ["add_arguments", "app_path", "panel_command", "run"]
+__all__ = [
+    "add_arguments",
+    "add_report_arguments",
+    "app_path",
+    "is_run_folder",
+    "panel_command",
+    "run",
+    "run_folders",
+    "run_report",
+]
 
 logger = logging.getLogger(__name__)
+
+#: What a run folder holds (any one of them makes a folder a run, even one still being written).
+RUN_PARTS = ("metrics.zarr", "bank", "request.json", "result.json", "run.json")
 
 
 def app_path() -> pathlib.Path:
@@ -25,9 +42,36 @@ def app_path() -> pathlib.Path:
     return pathlib.Path(next(iter(spec.submodule_search_locations))) / "app.py"
 
 
+def is_run_folder(path: pathlib.Path) -> bool:
+    """Whether ``path`` is a run folder: it holds a metric store, a bank, or a run's JSON files."""
+    return any((path / part).exists() for part in RUN_PARTS)
+
+
+def run_folders(paths: pathlib.Path | Sequence[pathlib.Path]) -> list[pathlib.Path]:
+    """The run folders named by ``paths``: each run folder as given, each folder of runs as its runs (sorted).
+
+    A path that does not exist (yet), or a folder that is neither a run nor holds any, stays as given:
+    the dashboard waits for it, the report names it in its error.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [pathlib.Path(paths)]
+    out: list[pathlib.Path] = []
+    for path in map(pathlib.Path, paths):
+        if path.is_dir() and not is_run_folder(path):
+            runs = sorted(p for p in path.iterdir() if p.is_dir() and is_run_folder(p))
+            if runs:
+                out.extend(runs)
+                continue
+        out.append(path)
+    return out
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``dashboard`` subcommand's arguments."""
-    parser.add_argument("run_path", metavar="RUN_PATH", type=pathlib.Path, help="run folder (metrics.zarr, bank/)")
+    parser.add_argument(
+        "run_paths", metavar="RUN", type=pathlib.Path, nargs="+",
+        help="run folder (metrics.zarr, bank/), several of them, or a folder of runs",
+    )
     parser.add_argument("--address", default=None, help="interface to bind (default: carls.dashboard.address, 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (default: carls.dashboard.port, 5006)")
     parser.add_argument("--refresh", default=None, help="refresh period, e.g. 2s (default: carls.dashboard.refresh)")
@@ -36,15 +80,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def panel_command(
-    run_path: pathlib.Path, address: str | None = None, port: int | None = None, show: bool = False
+    runs: pathlib.Path | Sequence[pathlib.Path], address: str | None = None, port: int | None = None, show: bool = False
 ) -> list[str]:
-    """The ``panel serve`` command line that serves ``run_path``.
+    """The ``panel serve`` command line that serves the run folder(s) ``runs`` (each becomes one ``--args`` value).
 
     Raises
     ------
     ConfigError
-        If the port is outside 1-65535.
+        If the port is outside 1-65535, or no run is given.
     """
+    paths = [pathlib.Path(runs)] if isinstance(runs, (str, os.PathLike)) else [pathlib.Path(r) for r in runs]
+    if not paths:
+        raise ConfigError("dashboard: no run folder given; expected at least one RUN")
     address = str(config.get("dashboard.address", address))
     port = int(config.get("dashboard.port", port))
     if not 0 < port < 65536:
@@ -58,12 +105,18 @@ def panel_command(
         cmd += ["--allow-websocket-origin", f"localhost:{port}" if address == "127.0.0.1" else f"127.0.0.1:{port}"]
     if show:
         cmd.append("--show")
-    return [*cmd, "--args", str(run_path)]
+    return [*cmd, "--args", *(str(p) for p in paths)]
 
 
 def run(args: argparse.Namespace) -> int:
-    """Handler of ``carls-dask dashboard``: become ``panel serve`` (Ctrl-C or SIGTERM stops it)."""
-    cmd = panel_command(args.run_path, args.address, args.port, args.show)
+    """Handler of ``carls-dask dashboard``: become ``panel serve`` (Ctrl-C or SIGTERM stops it).
+
+    The server replaces this process (``exec``), so the pid that was started is the server's: a
+    SIGTERM or SIGINT sent to it stops the server itself, which closes its port and exits, and no
+    child is left behind to hold the port (a child would outlive a signal sent to its parent).
+    """
+    runs = run_folders(args.run_paths)
+    cmd = panel_command(runs, args.address, args.port, args.show)
     env = dict(os.environ)
     if args.refresh is not None:
         config.get_seconds("dashboard.refresh", args.refresh)  # validate before starting the server
@@ -71,10 +124,34 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         sys.stdout.write(" ".join(cmd) + "\n")
         return 0
-    if not args.run_path.exists():
-        logger.warning("run folder %s does not exist yet; the dashboard will wait for it", args.run_path)
-    sys.stderr.write(f"carls-dask dashboard: serving {args.run_path} at http://{cmd[cmd.index('--address') + 1]}:{cmd[cmd.index('--port') + 1]}/app\n")
+    for path in runs:
+        if not path.exists():
+            logger.warning("run folder %s does not exist yet; the dashboard will wait for it", path)
+    shown = ", ".join(str(p) for p in runs)
+    sys.stderr.write(
+        f"carls-dask dashboard: serving {shown} at http://{cmd[cmd.index('--address') + 1]}:{cmd[cmd.index('--port') + 1]}/app\n"
+    )
     sys.stderr.flush()
-    # the server takes this process's place, so a signal that stops `carls-dask dashboard` stops the server
-    # itself (a child process would outlive a SIGTERM sent to its parent)
     os.execvpe(cmd[0], cmd, env)
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``report`` subcommand's arguments."""
+    parser.add_argument(
+        "run_paths", metavar="RUN", type=pathlib.Path, nargs="+",
+        help="run folder (metrics.zarr, bank/), several of them, or a folder of runs",
+    )
+    parser.add_argument(
+        "-o", "--output", type=pathlib.Path, default=pathlib.Path("report.html"),
+        help="HTML file to write (default: report.html); its folder must exist",
+    )
+    parser.add_argument("--title", default=None, help="title of the page (default: the runs' names)")
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """Handler of ``carls-dask report``: write the static HTML report of the runs and name the file written."""
+    from carls_dask.dashboards.report import write_report
+
+    out = write_report(run_folders(args.run_paths), args.output, title=args.title)
+    sys.stdout.write(f"carls-dask report: wrote {out} ({out.stat().st_size / 1e6:.1f} MB)\n")
+    return 0

@@ -1,19 +1,23 @@
-"""Served dashboard of a run: ``panel serve dashboards/app.py --args RUN_PATH`` (or ``CARLS_RUN=RUN_PATH``).
+"""Served dashboard of runs: ``panel serve dashboards/app.py --args RUN [RUN ...]`` (or ``CARLS_RUN=RUN``).
 
-Bind it to localhost, as ``carls-dask dashboard RUN_PATH`` does::
+Every argument is a run folder (or a folder of runs). Bind it to localhost, as ``carls-dask dashboard RUN``
+does::
 
     panel serve dashboards/app.py --address 127.0.0.1 --port 5006 \\
-        --allow-websocket-origin=127.0.0.1:5006 --args runs/cora
+        --allow-websocket-origin=127.0.0.1:5006 --args runs/cora runs/cora-base
 """
 
 from __future__ import annotations
 
+import pathlib
 import sys
 import threading
+from collections.abc import Sequence
 
 import panel as pn
 
 from carls_dask import config
+from carls_dask.dashboard_cli import run_folders
 from carls_dask.dashboards import plots
 from carls_dask.dashboards.dashboard import Dashboard, run_path_from
 from carls_dask.dashboards.runreader import RunReader
@@ -48,17 +52,31 @@ if not pn.state.cache.get("carls-warm"):
     pn.state.cache["carls-warm"].start()
 
 
+def run_paths_from(argv: Sequence[str]) -> list[pathlib.Path]:
+    """The run folders of the page: every ``--args`` value (``argv[1:]``), else ``CARLS_RUN``; folders of runs expanded."""
+    given = [pathlib.Path(a) for a in argv[1:] if a]
+    if not given:
+        path = run_path_from(list(argv))
+        given = [] if path is None else [path]
+    return run_folders(given)
+
+
+def make_dashboard(paths: Sequence[pathlib.Path], **params: object) -> Dashboard:
+    """The dashboard of the run folders ``paths`` (not empty)."""
+    return Dashboard(reader=RunReader(paths[0]), **params)  # until Dashboard takes runs: Dashboard(paths, **params)
+
+
 def build() -> pn.viewable.Viewable | pn.viewable.Viewer:
-    """Build the page for the run named on the command line or in ``CARLS_RUN``."""
-    path = run_path_from(sys.argv)
-    if path is None:
+    """Build the page for the runs named on the command line or in ``CARLS_RUN``."""
+    paths = run_paths_from(sys.argv)
+    if not paths:
         return pn.pane.Alert(
-            "No run given. Serve with `panel serve dashboards/app.py --args RUN_PATH`, "
-            "run `carls-dask dashboard RUN_PATH`, or set CARLS_RUN.",
+            "No run given. Serve with `panel serve dashboards/app.py --args RUN [RUN ...]`, "
+            "run `carls-dask dashboard RUN [RUN ...]`, or set CARLS_RUN.",
             alert_type="warning",
         )
-    dash = Dashboard(
-        reader=RunReader(path),
+    dash = make_dashboard(
+        paths,
         period=config.get_seconds("dashboard.refresh"),
         plot_period=config.get_seconds("dashboard.plot-refresh"),
     )

@@ -1,12 +1,15 @@
-"""Shared fixtures: a small real LocalCluster, GPU skipping, artifact folders."""
+"""Shared fixtures: a small real LocalCluster, GPU skipping, artifact folders; a session that leaves no process."""
 
 from __future__ import annotations
 
 import os
 import pathlib
+import sys
 from collections.abc import Iterator
 
 import pytest
+
+from tests.processes import adopt_orphans, end_descendants, live_descendants
 
 ARTIFACTS = pathlib.Path(os.environ.get("CARLS_TEST_ARTIFACTS", pathlib.Path(__file__).parent.parent / "test-artifacts"))
 
@@ -17,6 +20,48 @@ def _has_cuda() -> bool:
     except ImportError:  # pragma: no cover
         return False
     return bool(torch.cuda.is_available())
+
+
+#: Seconds the processes a session started are given to end after its fixtures closed.
+LEFT_PROCESS_GRACE = 5.0
+_SESSION_PID = os.getpid()
+_BEFORE: frozenset[int] = frozenset()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Note the pytest process and what it already runs, and adopt orphans (so they stay its descendants)."""
+    global _SESSION_PID, _BEFORE
+    _SESSION_PID = os.getpid()
+    _BEFORE = frozenset(pid for pid, _ in live_descendants())
+    adopt_orphans()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session when a process it started outlives it (after the session fixtures closed).
+
+    Every test and fixture must stop what it starts; a server left running holds its port and its
+    files. What is still there after a short grace is named, killed, and fails the session.
+    """
+    if os.getpid() != _SESSION_PID:  # a forked child running pytest's hooks
+        return
+    left = end_descendants(LEFT_PROCESS_GRACE, exclude=_BEFORE)
+    if not left:
+        return
+    lines = [f"  pid {pid}: {cmd[:300]}" for pid, cmd in left]
+    message = (
+        f"{len(left)} process(es) started by this test session still ran {LEFT_PROCESS_GRACE:g} s after it ended "
+        "(now killed):\n" + "\n".join(lines)
+    )
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("")
+        reporter.write_sep("!", "processes left behind", red=True)
+        reporter.write_line(message)
+    else:
+        sys.stderr.write(message + "\n")
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

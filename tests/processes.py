@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -16,16 +18,65 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def stop_process(proc: subprocess.Popen[Any], timeout: float = 20.0) -> None:
-    """Terminate ``proc``, kill it if it has not ended within ``timeout`` seconds, and reap it."""
-    if proc.poll() is not None:
-        return
-    proc.terminate()
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts TCP connections on ``host:port`` now."""
     try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=timeout)
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live (not zombie) processes in process group or session ``pgid``, read from ``/proc``.
+
+    For a process started with ``start_new_session=True``, its pid is both: this lists what it started
+    too, even a child that moved to a process group of its own.
+    """
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", encoding="utf-8", errors="replace") as f:
+                stat = f.read()
+        except OSError:  # ended while we looked
+            continue
+        # fields after the command name (which may hold spaces, in parentheses): state ppid pgrp ...
+        state, _ppid, pgrp, session = stat[stat.rindex(")") + 2 :].split()[:4]
+        if pgid in (int(pgrp), int(session)) and state != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 20.0, *, group: bool = False) -> None:
+    """Terminate ``proc``, kill it if it has not ended within ``timeout`` seconds, and reap it.
+
+    With ``group=True`` (for a process started with ``start_new_session=True``), the signals go to its
+    whole process group, and whatever of the group outlives ``proc`` is killed too (each wait bounded).
+    """
+    def send(sig: int) -> None:
+        try:
+            if group:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    if proc.poll() is None:
+        send(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            send(signal.SIGKILL)
+            proc.wait(timeout=timeout)
+    if group:
+        deadline = time.monotonic() + timeout
+        while group_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if group_members(proc.pid):
+            send(signal.SIGKILL)
 
 
 def wait_for(cond: Callable[[], object], what: str, timeout: float) -> None:
@@ -34,3 +85,56 @@ def wait_for(cond: Callable[[], object], what: str, timeout: float) -> None:
     while not cond():
         assert time.monotonic() < deadline, f"{what} not within {timeout}s"
         time.sleep(0.1)
+
+
+#: Command-line parts of descendants the suite does not own: Python's multiprocessing helpers, which end with
+#: the process that started them.
+NOT_OURS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def adopt_orphans() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``).
+
+    A grandchild whose parent ends is then reparented here, not to init, so it stays a descendant that
+    :func:`live_descendants` finds. Returns whether the kernel agreed.
+    """
+    import ctypes
+
+    PR_SET_CHILD_SUBREAPER = 36
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def live_descendants(exclude: frozenset[int] = frozenset()) -> list[tuple[int, str]]:
+    """``(pid, command line)`` of every live (not zombie) descendant of this process the suite owns."""
+    import psutil
+
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.pid in exclude or child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmdline = " ".join(child.cmdline()) or child.name()
+        except psutil.NoSuchProcess:
+            continue
+        if not any(part in cmdline for part in NOT_OURS):
+            found.append((child.pid, cmdline))
+    return found
+
+
+def end_descendants(grace: float = 5.0, exclude: frozenset[int] = frozenset()) -> list[tuple[int, str]]:
+    """Wait up to ``grace`` seconds for this process's descendants to end; kill and return those that did not."""
+    import psutil
+
+    deadline = time.monotonic() + grace
+    while (left := live_descendants(exclude)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid, _ in left:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.NoSuchProcess:
+            pass
+    return left

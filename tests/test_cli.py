@@ -18,7 +18,7 @@ def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None
         main(["--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    for name in ("version", "demo", "bank", "run", "dashboard", "bench"):
+    for name in ("version", "demo", "bank", "run", "dashboard", "report", "bench"):
         assert name in out
 
 
@@ -80,3 +80,47 @@ def test_bench_lists_the_benchmark_scripts_and_rejects_unknown_ones(capsys: pyte
 
 def test_bench_runs_a_script_with_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "snapshot", "--help"]) == 0
+
+
+def _bank_run(path: pathlib.Path) -> pathlib.Path:
+    """A run folder holding a committed bank snapshot (written by the storage code)."""
+    from tests.dashboards.runfolder import nodes, write_snapshot
+
+    keys, columns = nodes(30, step=1)
+    write_snapshot(path / "bank", 1, keys, columns)
+    return path
+
+
+def test_dashboard_passes_every_run_and_each_run_of_a_folder_to_the_app(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = _bank_run(tmp_path / "a"), _bank_run(tmp_path / "b")
+    assert main(["dashboard", str(a), str(b), "--port", "5123", "--dry-run"]) == 0
+    cmd = capsys.readouterr().out.split()
+    assert cmd[cmd.index("--args") + 1 :] == [str(a), str(b)]
+    folder = tmp_path / "runs"
+    _bank_run(folder / "r2")
+    _bank_run(folder / "r1")
+    (folder / "notes").mkdir()  # not a run: left out
+    later = tmp_path / "not-yet"  # a run that does not exist yet is passed on as given
+    assert main(["dashboard", str(folder), str(later), "--dry-run"]) == 0
+    cmd = capsys.readouterr().out.split()
+    assert cmd[cmd.index("--args") + 1 :] == [str(folder / "r1"), str(folder / "r2"), str(later)]
+
+
+def test_report_names_a_missing_run_a_missing_output_folder_and_an_output_folder(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _bank_run(tmp_path / "run")
+    out = tmp_path / "report.html"
+    assert main(["report", str(tmp_path / "nope"), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"report: run folder {tmp_path / 'nope'} does not exist" in err
+    assert main(["report", str(run / "bank" / "manifest.json"), "-o", str(out)]) == 1
+    assert "is a file; expected a folder" in capsys.readouterr().err
+    assert main(["report", str(run), "-o", str(tmp_path / "missing" / "report.html")]) == 1
+    assert f"the folder of output {tmp_path / 'missing' / 'report.html'} ({tmp_path / 'missing'}) does not exist" in capsys.readouterr().err
+    assert main(["report", str(run), "-o", str(tmp_path)]) == 1
+    assert f"output {tmp_path} is a folder; expected the path of an HTML file" in capsys.readouterr().err
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing written, not even a partial file

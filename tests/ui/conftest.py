@@ -69,7 +69,9 @@ def serve_dashboard(runs: Sequence[pathlib.Path], log: pathlib.Path, **env_overr
         "--liveness", "--args", *[str(r) for r in runs],
     ]
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+        )
     try:
         deadline = time.monotonic() + START_DEADLINE
         while True:
@@ -83,12 +85,12 @@ def serve_dashboard(runs: Sequence[pathlib.Path], log: pathlib.Path, **env_overr
                 time.sleep(0.5)
         yield f"http://127.0.0.1:{port}/app"
     finally:
-        stop_process(proc)
+        stop_process(proc, group=True)  # the server and anything it started
 
 
 def _inline_run(root: pathlib.Path, paradigm: str, variant: str, seed: int, steps: int, **overrides: object) -> pathlib.Path:
-    from carls_dask.runtime.runner import run_inline
     from carls_dask.runtime.registry import get_paradigm
+    from carls_dask.runtime.runner import run_inline
 
     p = get_paradigm(paradigm)
     run_dir = root / f"{paradigm}-{variant}-{seed}"

@@ -50,7 +50,9 @@ def _serve(run: pathlib.Path, log: pathlib.Path, plot_refresh: str | None = None
         "--liveness", "--args", str(run),
     ]
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+        )
     url = f"http://127.0.0.1:{port}/app"
     try:
         deadline = time.monotonic() + START_DEADLINE
@@ -65,7 +67,7 @@ def _serve(run: pathlib.Path, log: pathlib.Path, plot_refresh: str | None = None
                 time.sleep(0.5)
         yield url
     finally:
-        stop_process(proc)
+        stop_process(proc, group=True)  # the server and anything it started
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,107 @@
+"""A signal to the process ``carls-dask dashboard`` started stops the whole server: port closed, nothing left."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.dashboards.runfolder import nodes, write_snapshot, write_truth
+from tests.processes import free_port, group_members, port_open, stop_process
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: The console script of this environment (what a user runs).
+CARLS_DASK = pathlib.Path(sys.executable).parent / "carls-dask"
+#: Seconds for the server to import Panel and answer (2 shared cores, cold imports).
+START_DEADLINE = 180.0
+#: Seconds the server is given to close its port and end, and everything it started with it, after the signal.
+STOP_DEADLINE = 20.0
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A run folder with a committed bank snapshot and held-out labels."""
+    run = tmp_path_factory.mktemp("signals") / "run"
+    keys, columns = nodes(300, step=10)
+    write_snapshot(run / "bank", 10, keys, columns)
+    write_truth(run, 300)
+    return run
+
+
+def _start(run: pathlib.Path, log: pathlib.Path) -> tuple[subprocess.Popen[bytes], int]:
+    """Start ``carls-dask dashboard RUN`` in a session of its own; returns it and its port once the port is open."""
+    assert CARLS_DASK.exists(), f"console script {CARLS_DASK} is missing: install the package (pip install -e .)"
+    port = free_port()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(CARLS_DASK), "dashboard", str(run), "--port", str(port), "--refresh", "0.5s"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env=dict(os.environ, PYTHONPATH=str(ROOT), DASK_CARLS__DASHBOARD__PLOT_REFRESH="1s"), cwd=ROOT,
+        )
+    deadline = time.monotonic() + START_DEADLINE
+    while not port_open(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_process(proc, group=True)
+            raise AssertionError(f"carls-dask dashboard did not open port {port} (status {proc.returncode}): {log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    return proc, port
+
+
+def _assert_stops(proc: subprocess.Popen[bytes], port: int, sig: signal.Signals, log: pathlib.Path) -> float:
+    """Send ``sig`` to ``proc``; assert it ends, its port closes and its session empties within the deadline."""
+    assert group_members(proc.pid) == [proc.pid], "the served dashboard is one process (exec, no child)"
+    os.kill(proc.pid, sig)
+    t0 = time.monotonic()
+    try:
+        code = proc.wait(timeout=STOP_DEADLINE)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{sig.name}: the dashboard (pid {proc.pid}) still runs {STOP_DEADLINE} s later: {log.read_text()[-3000:]}")
+    stopped_s = time.monotonic() - t0
+    assert not port_open(port), f"{sig.name}: port {port} still accepts connections after the dashboard ended"
+    while (left := group_members(proc.pid)) and time.monotonic() - t0 < STOP_DEADLINE:
+        time.sleep(0.1)
+    assert not left, f"{sig.name}: processes of the dashboard's session remain: {left}"
+    assert code in (0, -sig, 128 + sig), f"{sig.name}: unexpected exit status {code}: {log.read_text()[-3000:]}"
+    return stopped_s
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_to_dashboard_closes_its_port_and_leaves_no_process(
+    run: pathlib.Path, tmp_path: pathlib.Path, sig: signal.Signals
+) -> None:
+    log = tmp_path / "dashboard.log"
+    proc, port = _start(run, log)
+    try:
+        # a page is built (app.py reads its arguments) before the signal comes
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/app", timeout=120) as resp:
+            assert resp.status == 200
+            assert b"carls-dask run" in resp.read()
+        _assert_stops(proc, port, sig, log)
+    finally:
+        stop_process(proc, group=True)
+
+
+@pytest.mark.ui
+def test_sigterm_stops_the_dashboard_while_a_page_is_open_and_reading(run: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    log = tmp_path / "dashboard.log"
+    proc, port = _start(run, log)
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--headless", "--no-sandbox", "--disable-gpu"])
+            try:
+                page = browser.new_page()
+                page.goto(f"http://127.0.0.1:{port}/app", timeout=START_DEADLINE * 1000)
+                page.get_by_text("bank rows").first.wait_for(timeout=START_DEADLINE * 1000)
+                page.wait_for_timeout(3000)  # periodic reads of the run under way
+                _assert_stops(proc, port, signal.SIGTERM, log)
+            finally:
+                browser.close()
+    finally:
+        stop_process(proc, group=True)
