@@ -27,24 +27,30 @@ __all__ = [
 def pacing_vs_realised(metrics: xr.Dataset | None) -> xr.Dataset | None:
     """The schedule's pacing next to the fraction of data actually admitted, over steps.
 
+    The series are found with or without the loop's name (see
+    :func:`~carls_dask.dashboards.metricnames.first_series`).
+
     Returns
     -------
     xarray.Dataset or None
         Variables ``pacing``, ``realised`` (admitted fraction), ``gap`` (realised - pacing) and, when
-        the run writes it, ``sampled`` (fraction of the data drawn so far) over ``step``; ``None`` when
-        the run writes neither pacing nor admitted fraction.
+        the run writes them, ``sampled`` (fraction of the data drawn so far) and ``scored`` (fraction
+        with a difficulty score) over ``step``; ``None`` when the run writes neither pacing nor
+        admitted fraction.
     """
-    if metrics is None:
+    found = {
+        var: arr for var, name in (
+            ("pacing", mn.PACING), ("realised", mn.ADMITTED_FRACTION),
+            ("sampled", mn.SAMPLED_FRACTION), ("scored", mn.SCORED_FRACTION),
+        ) if (arr := mn.first_series(metrics, name)) is not None
+    }
+    if "pacing" not in found and "realised" not in found:
         return None
-    have = [n for n in (mn.PACING, mn.ADMITTED_FRACTION) if n in metrics.data_vars]
-    if not have:
-        return None
-    nan = xr.full_like(metrics[have[0]], np.nan, dtype=np.float64)
-    pacing = metrics[mn.PACING].astype(np.float64) if mn.PACING in metrics else nan
-    realised = metrics[mn.ADMITTED_FRACTION].astype(np.float64) if mn.ADMITTED_FRACTION in metrics else nan
-    out = xr.Dataset({"pacing": pacing, "realised": realised, "gap": realised - pacing})
-    if mn.SAMPLED_FRACTION in metrics.data_vars:
-        out["sampled"] = metrics[mn.SAMPLED_FRACTION].astype(np.float64)
+    out = xr.merge([a.reset_coords(drop=True).rename(v) for v, a in found.items()], join="outer", compat="override")
+    for var in ("pacing", "realised"):
+        if var not in out:
+            out[var] = xr.full_like(out[next(iter(found))], np.nan)
+    out["gap"] = out["realised"] - out["pacing"]
     return out
 
 

@@ -16,18 +16,30 @@ from carls_dask.dashboards.bankdata import column, common_rows, has_column, keys
 from carls_dask.storage.errors import InvalidBatchError, InvalidShapeError
 
 __all__ = [
+    "COLOURINGS",
     "PERCENTILES",
+    "PROVENANCE",
     "aligned_projection",
+    "attach",
+    "colour_categories",
     "drift_over_snapshots",
     "drift_stats",
     "knn",
     "neighbour_churn",
     "pca_2d",
+    "predictions",
     "procrustes_rotation",
 ]
 
 #: Percentiles of the per-row change that :func:`drift_stats` reports.
 PERCENTILES = (50, 90, 99)
+
+#: What a map can be coloured by: its label on the page and the projection variable holding it.
+COLOURINGS = {"true class": "truth", "pseudo label": "pseudo_label", "model prediction": "prediction", "difficulty": "difficulty"}
+#: The provenance a projection carries for each row (shown when hovering a point).
+PROVENANCE = ("maker", "model_step", "wall_time")
+#: Difficulty is shown in this many quantile bins (light: easy, dark: hard).
+DIFFICULTY_BINS = 6
 
 
 def _matrix(ds: xr.Dataset, name: str) -> np.ndarray:
@@ -236,7 +248,77 @@ def aligned_projection(
         lab = np.asarray(column(ds, label))[rows].astype(np.int64)
     else:
         lab = np.full(rows.size, -1, dtype=np.int64)
-    return xr.Dataset(
+    out = xr.Dataset(
         {"x": ("key", proj[:, 0]), "y": ("key", proj[:, 1]), "label": ("key", lab)},
         coords={"key": keys[rows]},
     )
+    for name in PROVENANCE:
+        if has_column(ds, name):
+            out[name] = ("key", np.asarray(column(ds, name))[rows])
+    return out
+
+
+def predictions(ds: xr.Dataset) -> np.ndarray | None:
+    """The model's predicted class of every row: a ``prediction`` column, else the arg-max of a ``logits`` column.
+
+    Returns ``None`` when the table has neither.
+    """
+    if has_column(ds, "prediction"):
+        return np.asarray(column(ds, "prediction"), dtype=np.int64)
+    if has_column(ds, "logits"):
+        logits = np.asarray(column(ds, "logits"), dtype=np.float64)
+        if logits.ndim == 2 and logits.shape[1] > 0:
+            return logits.argmax(axis=1).astype(np.int64)
+    return None
+
+
+def attach(proj: xr.Dataset, name: str, keys: np.ndarray, values: np.ndarray) -> xr.Dataset:
+    """``proj`` with a variable ``name`` holding ``values`` (given for ``keys``) at each of its rows, matched by key.
+
+    Rows whose key is not among ``keys`` get ``-1`` (integer values) or NaN (floating-point values).
+    """
+    keys = np.asarray(keys, dtype=np.int64)
+    values = np.asarray(values)
+    if keys.shape != values.shape[:1]:
+        raise InvalidShapeError(f"attach {name!r}: {keys.shape[0]} keys but {values.shape[0]} values; expected one value per key")
+    floating = values.dtype.kind == "f"
+    out = np.full(proj.sizes["key"], np.nan if floating else -1, dtype=np.float64 if floating else np.int64)
+    pk = np.asarray(proj["key"].values, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    pos = np.clip(np.searchsorted(sk, pk), 0, max(sk.size - 1, 0))
+    if sk.size:
+        hit = sk[pos] == pk
+        out[hit] = values[order[pos[hit]]]
+    return proj.assign({name: ("key", out)})
+
+
+def colour_categories(values: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """The colour category of every row of a map, and the categories' names in order.
+
+    Integer values (classes) keep one category per class that occurs, in increasing order, with
+    ``-1`` (no class) as category ``-1`` named ``"none"``; floating-point values (difficulty) fall
+    into up to :data:`DIFFICULTY_BINS` quantile bins named by their range, NaN as ``-1``.
+
+    Returns
+    -------
+    codes, names
+        ``int64`` category of every row (``-1``: none) and the name of categories ``0, 1, ...``.
+    """
+    v = np.asarray(values)
+    if v.dtype.kind in "iub":
+        v = v.astype(np.int64)
+        classes = np.unique(v[v >= 0])
+        codes = np.where(v >= 0, np.searchsorted(classes, v), -1)
+        return codes.astype(np.int64), [str(int(c)) for c in classes]
+    v = v.astype(np.float64)
+    ok = np.isfinite(v)
+    if not ok.any():
+        return np.full(v.size, -1, np.int64), []
+    edges = np.unique(np.quantile(v[ok], np.linspace(0.0, 1.0, DIFFICULTY_BINS + 1)))
+    if edges.size < 2:
+        edges = np.array([edges[0], edges[0]])
+    inner = edges[1:-1]
+    codes = np.where(ok, np.searchsorted(inner, np.where(ok, v, 0.0), side="right"), -1)
+    names = [f"{lo:.3g} to {hi:.3g}" for lo, hi in itertools.pairwise(edges)]
+    return codes.astype(np.int64), names

@@ -20,13 +20,15 @@ import colorcet
 import numpy as np
 import panel as pn
 from bokeh.models import ColumnDataSource, FactorRange, HoverTool, LinearColorMapper
-from bokeh.models.annotations import Label, Title
+from bokeh.models.annotations import Label, Legend, Title
 from bokeh.plotting import figure
 
-__all__ = ["HEIGHT", "WIDTH", "LiveBars", "LiveCurves", "LiveFigure", "LiveHeatmap", "LiveImage", "LiveStackedBars"]
+__all__ = ["HEIGHT", "MIN_WIDTH", "WIDTH", "LiveBars", "LiveCurves", "LiveFigure", "LiveHeatmap", "LiveImage", "LiveMap", "LiveStackedBars"]
 
 WIDTH = 460
 HEIGHT = 260
+#: Least width of a figure (pixels) when the page is narrow.
+MIN_WIDTH = 320
 _TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
 _PALETTE = colorcet.palette["glasbey_category10"]
 
@@ -50,7 +52,8 @@ class LiveFigure:
     xlabel, ylabel
         Axis labels.
     width, height
-        Size in pixels.
+        Size in pixels; the width is the least the figure takes, since it stretches to the width of
+        the page (or of its share of a row).
     name
         Name of the Bokeh figure model (lets a page script find it); a line's source of
         :class:`LiveCurves` is named ``<name>/<line>``.
@@ -67,8 +70,9 @@ class LiveFigure:
         name: str | None = None,
         **figure_kw: Any,
     ) -> None:
+        figure_kw.setdefault("sizing_mode", "stretch_width")
         self.figure = figure(
-            title=title, width=width, height=height, x_axis_label=xlabel, y_axis_label=ylabel,
+            title=title, width=width, height=height, min_width=min(width, MIN_WIDTH), x_axis_label=xlabel, y_axis_label=ylabel,
             tools=_TOOLS, toolbar_location="above", name=name, **figure_kw,
         )
         self.note = Label(
@@ -86,7 +90,7 @@ class LiveFigure:
     def pane(self) -> pn.pane.Bokeh:
         """The Panel pane showing the figure (one per figure)."""
         if self._pane is None:
-            self._pane = pn.pane.Bokeh(self.figure)
+            self._pane = pn.pane.Bokeh(self.figure, sizing_mode="stretch_width", min_width=self.figure.min_width)
         return self._pane
 
     def __panel__(self) -> pn.pane.Bokeh:
@@ -321,3 +325,57 @@ class LiveImage(LiveFigure):
     def _clear(self) -> None:
         if len(self.source.data["image"]):
             self.source.data = {k: [] for k in self.source.data}
+
+
+class LiveMap(LiveImage):
+    """A datashaded map (an RGBA image) with a bounded sample of its points drawn on top, to hover and for the legend.
+
+    The image shows every row at a cost that does not grow with their number; the points (a few
+    thousand at most, as the caller samples them) carry the values the hover tool shows and a
+    ``category`` that names their colour in the legend.
+
+    Parameters
+    ----------
+    hover
+        ``(label, column)`` pairs the hover tool shows for a point; every update gives these columns.
+    """
+
+    def __init__(
+        self, title: str, note: str = "no data yet", xlabel: str = "x", ylabel: str = "y", size: int = 420,
+        hover: Sequence[tuple[str, str]] = (("key", "key"),), **kw: Any,
+    ) -> None:
+        super().__init__(title, note, xlabel, ylabel, size=size, **kw)
+        self.hover_columns = [c for _, c in hover]
+        self.points = ColumnDataSource({k: [] for k in ("x", "y", "colour", "category", *self.hover_columns)})
+        self.figure.add_layout(Legend(location="top_left", click_policy="hide"), "right")
+        fig_name = self.figure.name
+        self.points.name = f"{fig_name}/points" if fig_name else None
+        renderer = self.figure.scatter(
+            "x", "y", source=self.points, color="colour", size=5, alpha=0.9, legend_field="category", name="points"
+        )
+        self.figure.add_tools(HoverTool(renderers=[renderer], tooltips=[(label, f"@{{{c}}}") for label, c in hover]))
+
+    def set_map(
+        self, rgba: np.ndarray, bounds: tuple[float, float, float, float], points: dict[str, Any], title: str | None = None
+    ) -> None:
+        """Queue an image (see :meth:`LiveImage.set`) and the points drawn over it.
+
+        ``points`` holds equal-length columns ``x``, ``y``, ``colour``, ``category`` and the hover columns.
+        """
+        missing = [c for c in ("x", "y", "colour", "category", *self.hover_columns) if c not in points]
+        if missing:
+            raise KeyError(f"LiveMap {self.figure.name!r}: the points lack the columns {missing}; got {sorted(points)}")
+        super().set(rgba, bounds, title)
+        with self._lock:
+            assert self._pending is not None
+            self._pending["points"] = {k: list(v) if isinstance(v, list) else np.asarray(v) for k, v in points.items()}
+
+    def _apply(self, update: dict[str, Any]) -> None:
+        super()._apply(update)
+        if "points" in update:
+            self.points.data = update["points"]
+
+    def _clear(self) -> None:
+        super()._clear()
+        if len(self.points.data["x"]):
+            self.points.data = {k: [] for k in self.points.data}

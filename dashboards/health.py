@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+
 import numpy as np
 import xarray as xr
 
@@ -9,7 +12,17 @@ from carls_dask.dashboards import metricnames as mn
 from carls_dask.dashboards.bankdata import has_column, shards_of
 from carls_dask.storage.errors import InvalidBatchError
 
-__all__ = ["bank_summary", "counter_rate", "maker_versions", "shard_sizes", "staleness", "steps_per_second"]
+__all__ = [
+    "bank_summary",
+    "counter_rate",
+    "counter_rates",
+    "maker_versions",
+    "reference_time",
+    "rows_written_per_second",
+    "shard_sizes",
+    "staleness",
+    "steps_per_second",
+]
 
 
 def shard_sizes(ds: xr.Dataset) -> xr.Dataset:
@@ -19,18 +32,7 @@ def shard_sizes(ds: xr.Dataset) -> xr.Dataset:
     return xr.Dataset({"rows": ("shard", counts)}, coords={"shard": ids})
 
 
-def counter_rate(metrics: xr.Dataset | None, name: str) -> xr.DataArray | None:
-    """Per-second rate of a cumulative counter series, from the ``wall_time`` series.
-
-    The rate at a step is the counter's increase since the previous row divided by the time between
-    them; the first row has no rate and is dropped. Rows with no time elapsed are dropped too.
-    Returns ``None`` if the run writes no such counter or no ``wall_time``.
-    """
-    if metrics is None or name not in metrics.data_vars or mn.WALL_TIME not in metrics.variables:
-        return None
-    c = np.asarray(metrics[name].values, np.float64)
-    t = np.asarray(metrics[mn.WALL_TIME].values, np.float64)
-    steps = np.asarray(metrics["step"].values)
+def _rate(c: np.ndarray, t: np.ndarray, steps: np.ndarray, name: str) -> xr.DataArray | None:
     ok = np.isfinite(c) & np.isfinite(t)
     c, t, steps = c[ok], t[ok], steps[ok]
     if c.size < 2:
@@ -38,31 +40,122 @@ def counter_rate(metrics: xr.Dataset | None, name: str) -> xr.DataArray | None:
     dt = np.diff(t)
     ok = dt > 0
     rate = np.diff(c)[ok] / dt[ok]
-    return xr.DataArray(rate, dims="step", coords={"step": steps[1:][ok]}, name=f"{name}_per_s")
+    return xr.DataArray(rate, dims="step", coords={"step": steps[1:][ok]}, name=name)
+
+
+def counter_rates(metrics: xr.Dataset | None, name: str) -> dict[str, xr.DataArray]:
+    """Per-second rate of every loop's cumulative counter ``name`` (see :func:`~carls_dask.dashboards.metricnames.find_series`).
+
+    The rate at a step is the counter's increase since the previous row that has it, divided by the
+    time between them (the ``wall_time`` of the rows); the first row has no rate and is dropped, and
+    so are rows with no time elapsed. Returns loop name to rate; empty when the run writes no such
+    counter or no ``wall_time``.
+    """
+    if metrics is None or mn.WALL_TIME not in metrics.variables:
+        return {}
+    wall = metrics[mn.WALL_TIME]
+    out = {}
+    for loop, arr in mn.find_series(metrics, name).items():
+        own = arr.coords[mn.WALL_TIME] if mn.WALL_TIME in arr.coords else wall.sel(step=arr["step"])
+        t = np.asarray(own.values, np.float64)
+        r = _rate(np.asarray(arr.values, np.float64), t, np.asarray(arr["step"].values), f"{name}_per_s")
+        if r is not None:
+            out[loop] = r
+    return out
+
+
+def counter_rate(metrics: xr.Dataset | None, name: str) -> xr.DataArray | None:
+    """Per-second rate of a cumulative counter series, from the ``wall_time`` series.
+
+    The first loop's, when several loops write ``name`` (see :func:`counter_rates`); ``None`` if the
+    run writes no such counter or no ``wall_time``.
+    """
+    return next(iter(counter_rates(metrics, name).values()), None)
 
 
 def steps_per_second(metrics: xr.Dataset | None) -> xr.DataArray | None:
-    """Trainer steps per second: the ``steps_per_s`` series if written, else derived from ``wall_time``."""
+    """Trainer steps per second: the trainer's ``steps_per_s`` series if written, else derived from ``wall_time``."""
     if metrics is None:
         return None
-    if mn.STEPS_PER_S in metrics.data_vars:
-        return metrics[mn.STEPS_PER_S].dropna("step").astype(np.float64)
+    written = mn.first_series(metrics, mn.STEPS_PER_S)
+    if written is not None:
+        return written
     if mn.WALL_TIME not in metrics.variables:
         return None
     t = np.asarray(metrics[mn.WALL_TIME].values, np.float64)
     steps = np.asarray(metrics["step"].values)
-    ok = np.isfinite(t)
-    t, steps = t[ok], steps[ok]
-    if t.size < 2:
-        return None
-    dt = np.diff(t)
-    ok = dt > 0
-    rate = np.diff(steps.astype(np.float64))[ok] / dt[ok]
-    return xr.DataArray(rate, dims="step", coords={"step": steps[1:][ok]}, name=mn.STEPS_PER_S)
+    return _rate(steps.astype(np.float64), t, steps, mn.STEPS_PER_S)
+
+
+def rows_written_per_second(snapshots: Sequence[xr.Dataset]) -> dict[str, xr.DataArray]:
+    """Bank rows written per second between consecutive snapshots, by maker.
+
+    A row of a snapshot counts as written since the previous snapshot when its ``wall_time``
+    provenance is newer than every row of the previous one; the count is divided by the time
+    between the newest writes of the two snapshots. A row written several times in between counts
+    once, so this is the rate of distinct rows (re)written: a lower bound of the write rate.
+
+    Parameters
+    ----------
+    snapshots
+        Snapshots of one table in increasing step order, each with a ``step`` attribute.
+
+    Returns
+    -------
+    dict
+        Maker name (``""`` without ``maker`` provenance) to the rate over the later snapshots' steps;
+        empty with fewer than two snapshots carrying ``wall_time``.
+    """
+    usable = [ds for ds in snapshots if has_column(ds, "wall_time") and ds.sizes.get("key", 0)]
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    for prev, cur in itertools.pairwise(usable):
+        t0 = float(np.nanmax(np.asarray(prev["wall_time"].values, np.float64)))
+        t = np.asarray(cur["wall_time"].values, np.float64)
+        t1 = float(np.nanmax(t))
+        if not t1 > t0:
+            continue
+        new = t > t0
+        makers = np.asarray(cur["maker"].values).astype(str) if has_column(cur, "maker") else np.full(t.size, "")
+        step = int(cur.attrs.get("step", -1))
+        names = np.unique(makers[new]).tolist() + [m for m in series if m not in makers[new]]
+        for m in names:
+            steps, rates = series.setdefault(str(m), ([], []))
+            steps.append(step)
+            rates.append(float((new & (makers == m)).sum()) / (t1 - t0))
+    return {
+        m: xr.DataArray(np.asarray(r), dims="step", coords={"step": np.asarray(s, np.int64)}, name="rows_per_s")
+        for m, (s, r) in sorted(series.items())
+    }
+
+
+def reference_time(now: float, last_write: float | None, finished: bool, idle_s: float) -> float:
+    """The time row ages are measured against: ``now`` for a live run, its last write for a finished one.
+
+    A run counts as finished when ``finished`` (it left its result) or when nothing was written for
+    ``idle_s`` seconds; its rows then keep the ages they had when it stopped, however long ago that was.
+
+    Parameters
+    ----------
+    now
+        The current unix time.
+    last_write
+        Unix time of the run's newest write (newest metric row or bank row), ``None`` when unknown.
+    finished
+        Whether the run has ended.
+    idle_s
+        Seconds without a write after which a run counts as finished.
+    """
+    if last_write is None or not np.isfinite(last_write):
+        return now
+    if finished or now - last_write > idle_s:
+        return float(last_write)
+    return now
 
 
 def staleness(ds: xr.Dataset, now: float, bins: int = 20) -> xr.Dataset | None:
     """Distribution of row age (``now - wall_time``, seconds) of a snapshot.
+
+    ``now`` is the reference time (see :func:`reference_time`: the run's last write once it ended).
 
     Returns
     -------

@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 METRICS = "metrics.zarr"
 BANK = "bank"
 TRUTH = "truth.npz"
+RESULT = "result.json"
+RUN_RECORD = "run.json"
 
 
 def snapshot_to_dataset(arrays: dict[str, np.ndarray], table: str, makers: list[str] | None = None) -> xr.Dataset:
@@ -189,7 +191,28 @@ class RunReader:
         self.metric_rows_read += ds.sizes["step"]
         return ds
 
+    def series_names(self) -> list[str]:
+        """Names of the metric store's series, from its commit record (cheap: no array is read); empty when none."""
+        idx = self._metrics_index()
+        return sorted(idx["series"]) if idx is not None else []
+
     # ------------------------------------------------------------------ bank
+
+    def tables(self) -> dict[str, list[str]]:
+        """The bank's tables and their columns as of the newest snapshot (cheap: its manifest only); empty when none."""
+        from carls_dask.storage.snapshots import read_manifest
+
+        snaps = self.snapshots()
+        if not snaps:
+            return {}
+        try:
+            man = read_manifest(self.bank_path, int(snaps[-1]["version"]))
+        except (StoreError, OSError, ValueError, KeyError):
+            return {}
+        return {
+            str(t): sorted(n.split("/", 1)[1] for n in info.get("arrays", {}) if n.startswith("col/"))
+            for t, info in man.get("tables", {}).items()
+        }
 
     def snapshots(self) -> list[dict[str, Any]]:
         """Committed bank snapshots, oldest first (each with ``version`` and ``step``); empty when none."""
@@ -340,8 +363,48 @@ class RunReader:
         return self._truth
 
     def now(self) -> float:
-        """Current unix time, the reference for staleness."""
+        """Current unix time."""
         return time.time()
+
+    def finished(self) -> bool:
+        """Whether the run has ended: it wrote ``result.json``, or its ``run.json`` records an end time."""
+        if (self.path / RESULT).exists():
+            return True
+        try:
+            record = json.loads((self.path / RUN_RECORD).read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(record, dict) and bool(record.get("ended"))
+
+    def last_write(self) -> float | None:
+        """Unix time of the run's newest write: its newest metric row or bank row (their ``wall_time``).
+
+        Falls back on the modification time of the metric store and bank files when no row carries a
+        time; ``None`` when the run has written nothing yet.
+        """
+        rows = []
+        m = self.metrics()
+        if m is not None and "wall_time" in m.variables and m.sizes.get("step", 0):
+            rows.append(float(np.nanmax(np.asarray(m["wall_time"].values, np.float64))))
+        head = self.headline()
+        if head is not None:
+            rows.append(float(head.get("wall_time", np.nan)))
+        rows = [t for t in rows if np.isfinite(t)]
+        if rows:
+            return max(rows)
+        files = [t / 1e9 for t in (*self._bank_stamp(), _mtime_ns(self.metrics_path / "metrics.json")) if t]
+        return max(files) if files else None
+
+    def age_reference(self, idle_s: float = 300.0) -> float:
+        """The time row ages (staleness) are measured against.
+
+        Now while the run is live; the run's newest write once it has finished (see :meth:`finished`)
+        or has written nothing for ``idle_s`` seconds, so a finished run shows the ages its rows had
+        when it stopped, not how long ago that was.
+        """
+        from carls_dask.dashboards.health import reference_time
+
+        return reference_time(self.now(), self.last_write(), self.finished(), idle_s)
 
     def metrics(self) -> xr.Dataset | None:
         """The metric series (dimension ``step``), loaded into memory; ``None`` when the run has none.

@@ -90,6 +90,10 @@ class RunView(pn.viewable.Viewer):
         """The live figures of this view."""
         return [v for v in vars(self).values() if isinstance(v, LiveFigure)]
 
+    def applies(self) -> bool:
+        """Whether the run has what this view shows (a tab is shown only then)."""
+        return True
+
     def refresh(self) -> None:
         """Read what is new in the run and update the figures in place (here, at once)."""
         self.read()

@@ -60,13 +60,14 @@ class CurriculumView(RunView):
         if self.pacing is not None:
             self._pacing.set(
                 [series(name, self.pacing[var].dropna("step")) for name, var in
-                 (("pacing", "pacing"), ("admitted", "realised"), ("sampled", "sampled")) if var in self.pacing]
+                 (("pacing", "pacing"), ("admitted", "realised"), ("sampled", "sampled"), ("scored", "scored"))
+                 if var in self.pacing and self.pacing[var].notnull().any()]
             )
             last = self.pacing.isel(step=-1)
             realised = float(last["realised"])
             self.summary.object = (
                 f"step {int(last['step'])}: admitted **{'n/a' if math.isnan(realised) else f'{realised:.1%}'}** "
-                f"of the data (pacing {float(last['pacing']):.1%})"
+                f"of the data (pacing {float(last['pacing']):.1%})" + self._unscored_note()
             )
         else:
             notes.append(f"no curriculum series ({mn.PACING}, {mn.ADMITTED_FRACTION}) in the metric store")
@@ -93,5 +94,27 @@ class CurriculumView(RunView):
                 self._accuracy.set([f"{d:.3g}" for d in acc["difficulty"].values], acc["accuracy"].fillna(0).values)
         self._set_message(("This run has " + "; ".join(notes) + ".") if notes else "")
 
+    def _unscored_note(self) -> str:
+        """Why admitted stays at 100 % early on: the steps before the sampler had any difficulty score."""
+        if self.pacing is None or "scored" not in self.pacing:
+            return ""
+        scored = self.pacing["scored"].dropna("step")
+        if not scored.sizes["step"] or float(scored[0]) > 0:
+            return ""
+        some = scored["step"].values[scored.values > 0]
+        if some.size == 0:
+            return "; no difficulty score has reached the sampler yet, so it admits all data"
+        return f"; before step {int(some[0])} no difficulty score had reached the sampler, so it admitted all data"
+
+    def applies(self) -> bool:
+        """Whether the run has a curriculum: a ``difficulty`` column in its bank or pacing / admitted series."""
+        if self.reader is None:
+            return False
+        if any("difficulty" in cols for cols in self.reader.tables().values()):
+            return True
+        wanted = (mn.PACING, mn.ADMITTED_FRACTION)
+        return any(n.rpartition(".")[2] in wanted for n in self.reader.series_names())
+
     def _layout(self) -> pn.viewable.Viewable:
-        return pn.Column(self.summary, pn.Row(self._pacing.pane, self._difficulty.pane), self._accuracy.pane)
+        wide = {"sizing_mode": "stretch_width"}
+        return pn.Column(self.summary, pn.Row(self._pacing.pane, self._difficulty.pane, **wide), self._accuracy.pane, **wide)

@@ -8,12 +8,19 @@ import param
 import xarray as xr
 
 from carls_dask.dashboards import plots
-from carls_dask.dashboards.bankdata import has_column
-from carls_dask.dashboards.drift import aligned_projection, drift_stats, neighbour_churn
-from carls_dask.dashboards.figures import LiveCurves, LiveImage
+from carls_dask.dashboards.bankdata import column, has_column, keys_of, stable_sample
+from carls_dask.dashboards.drift import COLOURINGS, aligned_projection, attach, drift_stats, neighbour_churn, predictions
+from carls_dask.dashboards.figures import LiveCurves, LiveMap
+from carls_dask.dashboards.runreader import RunReader
 from carls_dask.dashboards.views.base import RunView, in_background, series
 
 __all__ = ["DriftView"]
+
+#: What hovering a point of the map shows: (label, column of the points).
+_HOVER = (
+    ("key", "key"), ("true class", "truth"), ("pseudo label", "pseudo_label"), ("prediction", "prediction"),
+    ("maker", "maker"), ("model step", "model_step"), ("age (s)", "age"),
+)
 
 
 class DriftView(RunView):
@@ -21,7 +28,11 @@ class DriftView(RunView):
 
     Shows, per snapshot step, the mean and percentiles of the per-row change (L2 and cosine distance)
     overall and per shard, the churn of the ``k`` nearest neighbours, and a 2-D projection of a sample
-    of rows coloured by label, aligned snapshot to snapshot, with a slider over snapshots.
+    of rows, aligned snapshot to snapshot, with a slider over snapshots. The map is coloured by what
+    the run has of true class (its truth file), pseudo label, model prediction (a ``prediction``
+    column or the arg-max of ``logits``) and difficulty, from the embedding's table or any other
+    table of the bank (matched by key); hovering one of a bounded sample of its points shows the
+    row's key, classes and provenance (maker, model step, age).
     """
 
     column = param.String(default="embedding", doc="Vector column of the table whose drift is shown.")
@@ -30,7 +41,12 @@ class DriftView(RunView):
     sample = param.Integer(
         default=100_000, bounds=(100, 2_000_000), doc="Rows drawn (by a stable hash of the key) for the 2-D projection."
     )
-    label = param.String(default="pseudo_label", doc="Column that colours the projection; rows without it get -1.")
+    colour_by = param.Selector(
+        default="true class", objects=list(COLOURINGS), doc="What colours the map (only what the run has is offered)."
+    )
+    hover_points = param.Integer(
+        default=2000, bounds=(0, 20_000), doc="Rows of the map drawn as points to hover (a stable sample)."
+    )
     max_snapshots = param.Integer(default=20, bounds=(2, 10_000), doc="Most recent snapshots kept in the drift curves.")
 
     def __init__(self, **params: object) -> None:
@@ -50,7 +66,13 @@ class DriftView(RunView):
         self._cos = LiveCurves("cosine distance between snapshots", wait, ylabel="1 - cos", name="drift-cos")
         self._shards = LiveCurves("mean L2 change per shard", wait, ylabel="L2", name="drift-shards")
         self._churn_plot = LiveCurves("neighbour churn", wait, ylabel="fraction changed", name="drift-churn")
-        self._map = LiveImage("projection", "waiting for a snapshot", name="drift-map")
+        self._map = LiveMap("projection", "waiting for a snapshot", name="drift-map", hover=_HOVER)
+        self.colour_select = pn.widgets.Select(label="colour by", options=[self.colour_by], value=self.colour_by, width=200)
+        self.colour_select.param.watch(self._on_colour, "value")
+        self._tables: dict[str, RunReader] = {}  # readers of the bank's other tables
+        #: What colours the map drawn last, and the names of its colour categories.
+        self.map_colour: str | None = None
+        self.map_categories: list[str] = []
 
     # ------------------------------------------------------------------ data
 
@@ -78,6 +100,7 @@ class DriftView(RunView):
         self._set_message(msg)
         if new:
             self._redraw_curves()
+            self._set_colourings()
             self._set_slider()
 
     def _add_snapshot(self, version: int, versions: list[int]) -> None:
@@ -88,14 +111,63 @@ class DriftView(RunView):
         idx = versions.index(version)
         prev_v = versions[idx - 1] if idx > 0 else None
         prev_proj = self._proj.get(prev_v) if prev_v is not None else None
-        self._proj[version] = aligned_projection(
-            cur, previous=prev_proj, sample=self.sample, column_name=self.column, label=self.label
-        )
+        proj = aligned_projection(cur, previous=prev_proj, sample=self.sample, column_name=self.column, label=None)
+        self._proj[version] = self._with_colours(proj, cur, version)
         if prev_v is not None:
             prev = self.reader.snapshot(prev_v)
             if has_column(prev, self.column):
                 self._stats[version] = drift_stats(prev, cur, self.column)
                 self._churn[version] = neighbour_churn(prev, cur, k=self.k, queries=self.queries, column_name=self.column)
+
+    def _other(self, table: str) -> RunReader:
+        assert self.reader is not None
+        r = self._tables.get(table)
+        if r is None or r.path != self.reader.path:
+            r = self._tables[table] = RunReader(self.reader.path, table=table)
+        return r
+
+    def _with_colours(self, proj: xr.Dataset, cur: xr.Dataset, version: int) -> xr.Dataset:
+        """``proj`` with what can colour it: truth, pseudo label, prediction and difficulty, where the run has them.
+
+        Each is taken from the embedding's table when it has it, else from the first other table of the
+        snapshot that has it, matched by key.
+        """
+        assert self.reader is not None
+        truth = self.reader.truth()
+        if truth is not None:
+            proj = attach(proj, "truth", truth["key"].values, truth.values)
+        tables = self.reader.tables()
+        for var, wanted in (("pseudo_label", {"pseudo_label"}), ("prediction", {"prediction", "logits"}),
+                            ("difficulty", {"difficulty"})):
+            found = self._values(cur, var)
+            if found is None:
+                for t, cols in tables.items():
+                    if t != self.reader.table and wanted & set(cols):
+                        found = self._values(self._other(t).snapshot(version), var)
+                        if found is not None:
+                            break
+            if found is not None:
+                proj = attach(proj, var, *found)
+        return proj
+
+    @staticmethod
+    def _values(ds: xr.Dataset, var: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """The keys of a table and its values of ``var`` (a prediction is worked out of logits), or ``None``."""
+        values = predictions(ds) if var == "prediction" else (column(ds, var) if has_column(ds, var) else None)
+        return None if values is None else (keys_of(ds), np.asarray(values))
+
+    def colourings(self) -> list[str]:
+        """What the newest map can be coloured by (labels of :data:`~carls_dask.dashboards.drift.COLOURINGS`)."""
+        proj = self.projection()
+        if proj is None:
+            return []
+        out = []
+        for label, var in COLOURINGS.items():
+            if var in proj:
+                v = np.asarray(proj[var].values)
+                if (np.isfinite(v).any() if v.dtype.kind == "f" else (v >= 0).any()):
+                    out.append(label)
+        return out
 
     def drift(self) -> xr.Dataset | None:
         """The drift statistics over snapshot steps (``step`` x ``shard``), or ``None`` before two snapshots."""
@@ -162,25 +234,86 @@ class DriftView(RunView):
             self._draw_map(int(step))
             return True
 
+    def _set_colourings(self) -> None:
+        """Offer what the run has to colour the map by; keep the choice when it is still offered."""
+        have = self.colourings()
+        if not have:
+            have = [self.colour_by]
+        self._quiet = True
+        try:
+            self.colour_select.options = have
+            if self.colour_by not in have:
+                self.colour_by = have[0]
+            self.colour_select.value = self.colour_by
+        finally:
+            self._quiet = False
+
     def _on_slider(self, event: param.parameterized.Event) -> None:
         if not self._quiet:
             # Rasterise in a worker thread; the new image replaces the old one on the event loop.
             in_background(lambda: self._draw_map(int(event.new)), self._map.flush)
 
+    def _on_colour(self, event: param.parameterized.Event) -> None:
+        if self._quiet or event.new == self.colour_by:
+            return
+        self.colour_by = event.new
+        step = self.slider.value
+        in_background(lambda: self._draw_map(int(step)), self._map.flush)
+
     def _draw_map(self, step: int) -> None:
         proj = self.projection(step)
-        if proj is not None:
-            n_labels = int(np.unique(proj["label"].values).size)
-            raster = plots.render_projection(proj, f"step {step}: {n_labels} label(s)")
-            if raster is None:
-                self._map.set_note("no rows to project", title=f"step {step}")
+        if proj is None:
+            return
+        label = self.colour_by
+        by = COLOURINGS[label]
+        colours = plots.map_colours(proj, by)
+        codes, names, hexes = colours
+        raster = plots.render_projection(proj, f"step {step}: colour {label} ({len(names)} values)", by=by, colours=colours)
+        if raster is None:
+            self._map.set_note("no rows to project", title=f"step {step}")
+            return
+        self._map.set_map(*raster[:2], self._hover_points(proj, codes, names, hexes), title=raster[2])
+        self.map_colour, self.map_categories = label, names
+
+    def _hover_points(self, proj: xr.Dataset, codes: np.ndarray, names: list[str], hexes: list[str]) -> dict[str, object]:
+        """The points drawn over the map: a stable sample of its rows with their colour and what hovering shows."""
+        assert self.reader is not None
+        n = proj.sizes["key"]
+        rows = stable_sample(keys_of(proj), self.hover_points) if self.hover_points else np.zeros(0, np.int64)
+        c = codes[rows]
+        palette = np.asarray([*hexes, plots.NONE_COLOUR])
+        names_none = np.asarray([*names, "none"], dtype=object)
+        pts: dict[str, object] = {
+            "x": proj["x"].values[rows], "y": proj["y"].values[rows],
+            "colour": palette[np.where(c >= 0, c, len(hexes))].tolist(),
+            "category": names_none[np.where(c >= 0, c, len(names))].tolist(),
+            "key": np.asarray(proj["key"].values)[rows],
+        }
+        for var in ("truth", "pseudo_label", "prediction", "maker", "model_step"):
+            if var in proj:
+                v = np.asarray(proj[var].values)[rows]
+                pts[var] = [("none" if x < 0 else str(x)) if v.dtype.kind in "iu" else str(x) for x in v.tolist()]
             else:
-                self._map.set(*raster)
+                pts[var] = ["n/a"] * rows.size
+        if "wall_time" in proj and n:
+            age = self.reader.age_reference() - np.asarray(proj["wall_time"].values, np.float64)[rows]
+            pts["age"] = [f"{a:.1f}" for a in np.maximum(age, 0.0)]
+        else:
+            pts["age"] = ["n/a"] * rows.size
+        return pts
+
+    def applies(self) -> bool:
+        """Whether the run's bank table has the embedding column whose drift this view shows."""
+        if self.reader is None:
+            return False
+        return self.column in self.reader.tables().get(self.reader.table, [])
 
     def _layout(self) -> pn.viewable.Viewable:
+        wide = {"sizing_mode": "stretch_width"}
         return pn.Column(
-            pn.Row(self._l2.pane, self._cos.pane),
-            pn.Row(self._shards.pane, self._churn_plot.pane),
-            self.slider,
+            pn.Row(self._l2.pane, self._cos.pane, **wide),
+            pn.Row(self._shards.pane, self._churn_plot.pane, **wide),
+            pn.Row(self.slider, self.colour_select),
             self._map.pane,
+            **wide,
         )

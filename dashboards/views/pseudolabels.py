@@ -105,6 +105,7 @@ class PseudoLabelView(RunView):
         if ds is None:
             self._set_message("No bank yet: pseudo-label quality appears once the run has a bank snapshot.")
             return
+        self._update_series()  # the run's own figures show whatever the bank holds
         if not has_pseudo_labels(ds):
             why = "no pseudo_label column" if not has_column(ds, "pseudo_label") else "no row labelled yet"
             self._set_message(f"This run has no pseudo labels (table {labels.table!r}: {why}).")
@@ -122,7 +123,6 @@ class PseudoLabelView(RunView):
             curve = threshold_curve(ds, truth)
             self._curve.set([series("precision", curve["precision"]), series("coverage", curve["coverage"])])
         self._update_flips()
-        self._update_series()
 
     def _judge(self, ds: xr.Dataset, truth: xr.DataArray | None, has_truth: bool) -> None:
         """Index the rows read for the summary, and count the confidence histogram at the current bins.
@@ -190,16 +190,29 @@ class PseudoLabelView(RunView):
     def _update_series(self) -> None:
         assert self.reader is not None
         m = self.reader.metrics()
-        if m is None:
-            return
-        lines = [series(n, m[n].dropna("step")) for n in (mn.PL_PRECISION, mn.PL_COVERAGE) if n in m.data_vars]
+        lines = [
+            series(f"{loop} {name}" if loop else name, arr)
+            for name in (mn.PL_PRECISION, mn.PL_COVERAGE)
+            for loop, arr in mn.find_series(m, name).items()
+        ]
         if lines:
             self._series.set(lines)
 
+    def applies(self) -> bool:
+        """Whether the run has pseudo labels: a ``pseudo_label`` column in a bank table, or pseudo-label series."""
+        if self.reader is None:
+            return False
+        if any("pseudo_label" in cols for cols in self.reader.tables().values()):
+            return True
+        wanted = (mn.PL_PRECISION, mn.PL_COVERAGE)
+        return any(n.rpartition(".")[2] in wanted for n in self.reader.series_names())
+
     def _layout(self) -> pn.viewable.Viewable:
+        wide = {"sizing_mode": "stretch_width"}
         return pn.Column(
-            pn.Row(self.threshold_slider, self.summary),
-            pn.Row(self._hist.pane, self._classes.pane),
-            pn.Row(self._curve.pane, self._flip_plot.pane),
+            pn.Row(self.threshold_slider, self.summary, **wide),
+            pn.Row(self._hist.pane, self._classes.pane, **wide),
+            pn.Row(self._curve.pane, self._flip_plot.pane, **wide),
             self._series.pane,
+            **wide,
         )
