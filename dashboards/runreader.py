@@ -395,6 +395,13 @@ class RunReader:
         files = [t / 1e9 for t in (*self._bank_stamp(), _mtime_ns(self.metrics_path / "metrics.json")) if t]
         return max(files) if files else None
 
+    def ended(self, idle_s: float = 300.0) -> bool:
+        """Whether the run has ended: :meth:`finished`, or nothing written for ``idle_s`` seconds."""
+        if self.finished():
+            return True
+        last = self.last_write()
+        return last is not None and self.now() - last > idle_s
+
     def age_reference(self, idle_s: float = 300.0) -> float:
         """The time row ages (staleness) are measured against.
 

@@ -103,7 +103,7 @@ class HealthView(RunView):
             sizes = shard_sizes(ds)
             self._shards.set(sizes["shard"].values, sizes["rows"].values)
             self.reference = self.reader.age_reference(self.idle)
-            ended = self.reference < self.reader.now()
+            ended = self.reader.ended(self.idle)
             st = staleness(ds, self.reference, self.bins)
             if st is not None:
                 when = "at the run's last write" if ended else "now"
