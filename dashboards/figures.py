@@ -179,6 +179,8 @@ class LiveCurves(LiveFigure):
                 src = self.sources[name] = ColumnDataSource({"x": x, "y": y}, name=f"{fig_name}/{name}" if fig_name else None)
                 colour = _PALETTE[(len(self.sources) - 1) % len(_PALETTE)]
                 self.figure.line("x", "y", source=src, legend_label=name, color=colour, line_width=2, name=name)
+                # Markers too: a line of one point (e.g. the first drift step) draws nothing on its own.
+                self.figure.scatter("x", "y", source=src, legend_label=name, color=colour, size=4, name=name)
                 self.figure.legend.location = "top_left"
                 self.replaced_points += x.size
                 continue

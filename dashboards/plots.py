@@ -67,7 +67,7 @@ def render_projection(
     n = proj.sizes.get("key", 0)
     if n == 0:
         return None
-    codes, names, hexes = colours if colours is not None else map_colours(proj, by)
+    codes, _, hexes = colours if colours is not None else map_colours(proj, by)
     x = proj["x"].values.astype(np.float64)
     y = proj["y"].values.astype(np.float64)
     df = pd.DataFrame({"x": x, "y": y, "cat": _slots(codes)})

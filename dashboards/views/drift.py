@@ -9,7 +9,14 @@ import xarray as xr
 
 from carls_dask.dashboards import plots
 from carls_dask.dashboards.bankdata import column, has_column, keys_of, stable_sample
-from carls_dask.dashboards.drift import COLOURINGS, aligned_projection, attach, drift_stats, neighbour_churn, predictions
+from carls_dask.dashboards.drift import (
+    COLOURINGS,
+    aligned_projection,
+    attach,
+    drift_stats,
+    neighbour_churn,
+    predictions,
+)
 from carls_dask.dashboards.figures import LiveCurves, LiveMap
 from carls_dask.dashboards.runreader import RunReader
 from carls_dask.dashboards.views.base import RunView, in_background, series
@@ -41,7 +48,7 @@ class DriftView(RunView):
     sample = param.Integer(
         default=100_000, bounds=(100, 2_000_000), doc="Rows drawn (by a stable hash of the key) for the 2-D projection."
     )
-    colour_by = param.Selector(
+    colour_by: param.Selector = param.Selector(
         default="true class", objects=list(COLOURINGS), doc="What colours the map (only what the run has is offered)."
     )
     hover_points = param.Integer(
@@ -280,6 +287,7 @@ class DriftView(RunView):
         assert self.reader is not None
         n = proj.sizes["key"]
         rows = stable_sample(keys_of(proj), self.hover_points) if self.hover_points else np.zeros(0, np.int64)
+        rows = rows[np.argsort(codes[rows], kind="stable")]  # the legend lists the categories in order, "none" first
         c = codes[rows]
         palette = np.asarray([*hexes, plots.NONE_COLOUR])
         names_none = np.asarray([*names, "none"], dtype=object)

@@ -9,8 +9,8 @@ import param
 import xarray as xr
 
 from carls_dask.dashboards import metricnames as mn
-from carls_dask.dashboards.figures import LiveBars, LiveCurves
 from carls_dask.dashboards.bankdata import has_column
+from carls_dask.dashboards.figures import LiveBars, LiveCurves
 from carls_dask.dashboards.health import (
     bank_summary,
     counter_rates,
