@@ -43,6 +43,10 @@ class DriftView(RunView):
     """
 
     column = param.String(default="embedding", doc="Vector column of the table whose drift is shown.")
+    table = param.String(
+        default=None, allow_None=True,
+        doc="Bank table whose embeddings are shown; None: the reader's table, or the first table with the column.",
+    )
     k = param.Integer(default=10, bounds=(1, 100), doc="Neighbours compared by the churn measure.")
     queries = param.Integer(default=500, bounds=(10, 10_000), doc="Rows whose neighbourhoods the churn measure compares.")
     sample = param.Integer(
@@ -77,6 +81,7 @@ class DriftView(RunView):
         self.colour_select = pn.widgets.Select(label="colour by", options=[self.colour_by], value=self.colour_by, width=200)
         self.colour_select.param.watch(self._on_colour, "value")
         self._tables: dict[str, RunReader] = {}  # readers of the bank's other tables
+        self._found: str | None = None  # the table found to hold the embeddings
         #: What colours the map drawn last, and the names of its colour categories.
         self.map_colour: str | None = None
         self.map_categories: list[str] = []
@@ -85,7 +90,11 @@ class DriftView(RunView):
 
     def _update(self) -> None:
         assert self.reader is not None
-        snaps = self.reader.snapshots()
+        source = self._source()
+        if source is None:
+            self._set_message(f"No bank table has a column {self.column!r} (yet); nothing to show.")
+            return
+        snaps = source.snapshots()
         if not snaps:
             self._set_message("No bank snapshot yet: drift appears once the run commits snapshots of its bank.")
             return
@@ -100,8 +109,8 @@ class DriftView(RunView):
         for cache in (self._stats, self._churn, self._proj):
             for v in [v for v in cache if v not in kept]:
                 del cache[v]
-        if not has_column(self.reader.snapshot(versions[-1]), self.column):
-            self._set_message(f"Table {self.reader.table!r} has no column {self.column!r}; nothing to show.")
+        if not has_column(source.snapshot(versions[-1]), self.column):
+            self._set_message(f"Table {source.table!r} has no column {self.column!r}; nothing to show.")
             return
         msg = "" if len(versions) >= 2 else "One snapshot so far: drift needs two; the map shows the first."
         self._set_message(msg)
@@ -111,8 +120,9 @@ class DriftView(RunView):
             self._set_slider()
 
     def _add_snapshot(self, version: int, versions: list[int]) -> None:
-        assert self.reader is not None
-        cur = self.reader.snapshot(version)
+        source = self._source()
+        assert source is not None
+        cur = source.snapshot(version)
         if not has_column(cur, self.column):
             return
         idx = versions.index(version)
@@ -121,10 +131,27 @@ class DriftView(RunView):
         proj = aligned_projection(cur, previous=prev_proj, sample=self.sample, column_name=self.column, label=None)
         self._proj[version] = self._with_colours(proj, cur, version)
         if prev_v is not None:
-            prev = self.reader.snapshot(prev_v)
+            prev = source.snapshot(prev_v)
             if has_column(prev, self.column):
                 self._stats[version] = drift_stats(prev, cur, self.column)
                 self._churn[version] = neighbour_churn(prev, cur, k=self.k, queries=self.queries, column_name=self.column)
+
+    def _source(self) -> RunReader | None:
+        """The reader of the table whose embeddings are shown, or ``None`` while no table has the column.
+
+        :attr:`table` when set; else the reader's own table when it has the column, else the first
+        table that has it (a run may keep its embeddings in tables of other names, e.g. ``images``).
+        """
+        if self.reader is None:
+            return None
+        name = self.table or self._found
+        if name is None:
+            tables = self.reader.tables()
+            have = [t for t, cols in tables.items() if self.column in cols]
+            if not have:
+                return None
+            name = self._found = self.reader.table if self.reader.table in have else have[0]
+        return self.reader if name == self.reader.table else self._other(name)
 
     def _other(self, table: str) -> RunReader:
         assert self.reader is not None
@@ -149,7 +176,7 @@ class DriftView(RunView):
             found = self._values(cur, var)
             if found is None:
                 for t, cols in tables.items():
-                    if t != self.reader.table and wanted & set(cols):
+                    if t != cur.attrs.get("table") and wanted & set(cols):
                         found = self._values(self._other(t).snapshot(version), var)
                         if found is not None:
                             break
@@ -244,6 +271,7 @@ class DriftView(RunView):
     def _set_colourings(self) -> None:
         """Offer what the run has to colour the map by; keep the choice when it is still offered."""
         have = self.colourings()
+        self.colour_select.disabled = not have
         if not have:
             have = [self.colour_by]
         self._quiet = True
@@ -275,7 +303,8 @@ class DriftView(RunView):
         by = COLOURINGS[label]
         colours = plots.map_colours(proj, by)
         codes, names, hexes = colours
-        raster = plots.render_projection(proj, f"step {step}: colour {label} ({len(names)} values)", by=by, colours=colours)
+        title = f"step {step}: colour {label} ({len(names)} values)" if names else f"step {step}: nothing in the run to colour by"
+        raster = plots.render_projection(proj, title, by=by, colours=colours)
         if raster is None:
             self._map.set_note("no rows to project", title=f"step {step}")
             return
@@ -312,9 +341,7 @@ class DriftView(RunView):
 
     def applies(self) -> bool:
         """Whether the run's bank table has the embedding column whose drift this view shows."""
-        if self.reader is None:
-            return False
-        return self.column in self.reader.tables().get(self.reader.table, [])
+        return self._source() is not None
 
     def _layout(self) -> pn.viewable.Viewable:
         wide = {"sizing_mode": "stretch_width"}

@@ -136,6 +136,8 @@ class HealthView(RunView):
     def _update_write_rates(self) -> None:
         """Rows written per second by each maker between snapshots (for runs that write no bank counter)."""
         assert self.reader is not None
+        if self.reader.table not in self.reader.tables():
+            return
         snaps = self.reader.snapshots()[-self.max_snapshots :]
         for s in snaps:
             v = int(s["version"])

@@ -301,3 +301,26 @@ def test_curriculum_pacing_and_admitted_are_recorded_at_every_report(curriculum_
     gap = (pv["realised"] - pv["pacing"]).values[scored]
     assert (gap >= 0).all() and (gap < 0.02).all(), gap
     assert view._pacing.points() == {"pacing": steps.size, "admitted": steps.size, "sampled": steps.size, "scored": steps.size}
+
+
+def test_drift_finds_embeddings_in_a_table_of_another_name(tmp_path: pathlib.Path) -> None:
+    for step in (10, 20):
+        keys, cols = nodes(300, step)
+        handle = begin_snapshot(tmp_path / "bank", step)
+        for state in shard_states(keys, {"embedding": cols["embedding"]}, model_step=step):
+            meta = state["meta"]
+            meta["tables"] = {"images": meta["tables"]["nodes"] | {"name": "images"}}  # type: ignore[index]
+            state["tables"] = {"images": state["tables"]["nodes"]}  # type: ignore[index]
+            write_shard(handle, state, delta_seq=0)
+        commit_snapshot(handle)
+    view = DriftView(reader=RunReader(tmp_path))  # the reader's table is "nodes"
+    assert view.applies()
+    view.refresh()
+    assert view.message == "" and not view._error.visible, (view.message, view._error.object)
+    d = view.drift()
+    assert d is not None and d["step"].values.tolist() == [20]
+    assert view.colourings() == [] and view.colour_select.disabled
+    assert "nothing in the run to colour by" in view._map.figure.title.text
+    health = HealthView(reader=RunReader(tmp_path))
+    health.refresh()
+    assert not health._error.visible, health._error.object
