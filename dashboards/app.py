@@ -15,8 +15,7 @@ import panel as pn
 
 from carls_dask import config
 from carls_dask.dashboards import plots
-from carls_dask.dashboards.dashboard import Dashboard, run_path_from
-from carls_dask.dashboards.runreader import RunReader
+from carls_dask.dashboards.dashboard import Dashboard, run_paths_from
 
 pn.extension(sizing_mode="stretch_width", notifications=False, inline=True)  # no CDN: works offline
 
@@ -50,15 +49,15 @@ if not pn.state.cache.get("carls-warm"):
 
 def build() -> pn.viewable.Viewable | pn.viewable.Viewer:
     """Build the page for the run named on the command line or in ``CARLS_RUN``."""
-    path = run_path_from(sys.argv)
-    if path is None:
+    paths = run_paths_from(sys.argv)
+    if not paths:
         return pn.pane.Alert(
             "No run given. Serve with `panel serve dashboards/app.py --args RUN_PATH`, "
             "run `carls-dask dashboard RUN_PATH`, or set CARLS_RUN.",
             alert_type="warning",
         )
     dash = Dashboard(
-        reader=RunReader(path),
+        paths,
         period=config.get_seconds("dashboard.refresh"),
         plot_period=config.get_seconds("dashboard.plot-refresh"),
     )
