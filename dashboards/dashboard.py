@@ -154,8 +154,8 @@ class Dashboard(pn.viewable.Viewer):
     Call :meth:`refresh` to read what is new, or :meth:`start` to refresh periodically (in a served
     app or a live notebook). Periodic refreshes read the runs in worker threads and update the figures
     in place (data patches, no new plots), so the server's event loop stays free. The learning curves
-    and the comparison are read on every tick (:attr:`period`), the other plots at most every
-    :attr:`plot_period`. A tab shows only when its view applies to the run (re-checked as it writes).
+    and the comparison are read on every tick (:attr:`period`) while their tab shows, the other plots
+    (and those two while hidden) at most every :attr:`plot_period`. A tab shows only when its view applies to the run (re-checked as it writes).
     """
 
     reader = param.ClassSelector(class_=RunReader, doc="Reader of the run whose tabs are shown.")
@@ -339,10 +339,20 @@ class Dashboard(pn.viewable.Viewer):
         await asyncio.gather(*started)
         self.plot_refreshes += 1
 
-    async def _refresh_learning(self, doc: Document | None) -> None:
-        """Read the learning curves (and the comparison) in a worker thread; stream their new points to the page."""
-        await self._read_view(doc, self._current, self._current.learning)
-        if self.comparison is not None:
+    def _active_tab(self) -> str | None:
+        names = self.tabs._names
+        return names[self.tabs.active] if names and 0 <= self.tabs.active < len(names) else None
+
+    async def _refresh_learning(self, doc: Document | None, everything: bool = True) -> None:
+        """Read the learning curves and the comparison in a worker thread; stream their new points to the page.
+
+        With ``everything`` false only the tab on show is read (reading ten runs' metric stores every
+        second while another tab shows would load the machine for nothing).
+        """
+        active = self._active_tab()
+        if everything or active == "Learning" or "Learning" not in self.tabs._names:
+            await self._read_view(doc, self._current, self._current.learning)
+        if self.comparison is not None and (everything or active == "Comparison"):
             comparison = self.comparison
 
             def read() -> bool:
@@ -372,19 +382,21 @@ class Dashboard(pn.viewable.Viewer):
 
         The callback itself does no work and awaits nothing, so the page's document lock is free while
         the run is read: the server goes on answering the browser, and updates land as small patches.
-        The headline figures and the learning curves refresh on every tick (new metric points show
-        within a tick of their write); the other plots at most every :attr:`plot_period`. A refresh
+        The headline figures, and the learning curves or the comparison when their tab shows, refresh
+        on every tick (new metric points show within a tick of their write); the other plots (and those
+        two tabs while hidden) at most every :attr:`plot_period`. A refresh
         (of the figures, of the curves, or of one view's plots) still running when the next is due is skipped.
         """
         doc = pn.state.curdoc
         now = time.monotonic()
-        if now - self._slow_started >= self.plot_period:
+        slow = now - self._slow_started >= self.plot_period
+        if slow:
             self._slow_started = now
             self._slow_task = asyncio.ensure_future(self._refresh_plots(doc))
         if self._fast_task is None or self._fast_task.done():
             self._fast_task = asyncio.ensure_future(self._refresh_numbers(doc))
         if self._learn_task is None or self._learn_task.done():
-            self._learn_task = asyncio.ensure_future(self._refresh_learning(doc))
+            self._learn_task = asyncio.ensure_future(self._refresh_learning(doc, everything=slow))
 
     def start(self) -> pn.io.PeriodicCallback:
         """Refresh every :attr:`period` seconds from the Panel event loop, reading in worker threads.

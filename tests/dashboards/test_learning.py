@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pathlib
 
@@ -239,3 +240,24 @@ def test_dashboard_takes_a_run_a_reader_a_list_or_a_folder_of_runs(tmp_path: pat
     assert run_paths_from(["app.py", "a", "b"], {}) == [pathlib.Path("a"), pathlib.Path("b")]
     assert run_paths_from(["app.py"], {"CARLS_RUN": "c"}) == [pathlib.Path("c")]
     assert run_paths_from(["app.py"], {}) == []
+
+
+def test_learning_curves_grow_on_every_tick_not_only_on_plot_refreshes(tmp_path: pathlib.Path) -> None:
+    with MetricWriter(tmp_path / "metrics.zarr", run="ticks", flush_rows=1) as w:
+        for step in range(1, 6):
+            w.append(step, **{"trainer.loss": 1 / step})
+        w.flush()
+        d = Dashboard(tmp_path, plot_period=3600)
+
+        async def tick() -> None:
+            d._tick()
+            assert d._learn_task is not None
+            await d._learn_task
+
+        asyncio.run(tick())  # the first tick is also the plot round
+        assert d.learning.charts["trainer-loss"].points() == {"loss": 5}
+        w.append(6, **{"trainer.loss": 1 / 6})
+        w.flush()
+        asyncio.run(tick())  # no plot round due for an hour: the learning curves are read anyway
+    assert d.plot_refreshes <= 1 and d.learning.charts["trainer-loss"].points() == {"loss": 6}
+    assert d.learning.charts["trainer-loss"].streamed_points == 1
