@@ -273,6 +273,7 @@ class Dashboard(pn.viewable.Viewer):
             self._note_applies(views, view, self._check(view))
         self._sync_tabs()
         self._done(time.perf_counter() - t0)
+        self._push_notebook()
 
     def _done(self, seconds: float) -> None:
         self.refresh_seconds = seconds
@@ -285,9 +286,13 @@ class Dashboard(pn.viewable.Viewer):
             f"in {self.refresh_seconds * 1000:.0f} ms, every {self.period:g} s"
         )
 
-    @staticmethod
-    def _on_page(doc: Document | None, job: Callable[[], object]) -> None:
-        """Run ``job`` where ``doc`` may change: on its event loop with its lock held, or at once without a page."""
+    def _on_page(self, doc: Document | None, job: Callable[[], object]) -> None:
+        """Run ``job`` where ``doc`` may change: on its event loop with its lock held, or at once without a page.
+
+        Without a served page (a notebook), the Bokeh changes ``job`` made are then pushed to the
+        notebook's views of the dashboard (Panel sends its own widgets' changes itself, not those made
+        to Bokeh models directly).
+        """
         if doc is not None and doc.session_context is not None:
 
             def run() -> None:
@@ -296,6 +301,12 @@ class Dashboard(pn.viewable.Viewer):
             doc.add_next_tick_callback(run)
         else:
             job()
+            self._push_notebook()
+
+    def _push_notebook(self) -> None:
+        """Send the Bokeh changes made outside a served page to the notebook's views of the dashboard (if any)."""
+        if self._panel is not None and self._panel._models:
+            pn.io.push_notebook(self._panel)
 
     async def _read_view(self, doc: Document | None, views: _RunViews, view: RunView) -> None:
         """Read one view in the plot-reader threads, then apply its figure updates and its tab on the page."""

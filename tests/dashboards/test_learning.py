@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import pathlib
 
 import numpy as np
@@ -261,3 +262,90 @@ def test_learning_curves_grow_on_every_tick_not_only_on_plot_refreshes(tmp_path:
         asyncio.run(tick())  # no plot round due for an hour: the learning curves are read anyway
     assert d.plot_refreshes <= 1 and d.learning.charts["trainer-loss"].points() == {"loss": 6}
     assert d.learning.charts["trainer-loss"].streamed_points == 1
+
+
+# ---------------------------------------------------------------------------- in a notebook
+
+_KERNEL_CELLS = [
+    # A Workbench runs a trainer and a maker in the background on a LocalCluster, writing RUN.
+    """
+import asyncio, json, pathlib
+from distributed import Client, LocalCluster
+from carls_dask import Workbench
+from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer, digits_table
+run = pathlib.Path(RUN)
+cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0")
+client = Client(cluster)
+wb = Workbench(client, run_dir=run, progress=False).start()
+wb.create_bank([digits_table()], n_shards=1)
+wb.submit_trainer(DigitsTrainer("trainer", max_steps=None, publish_every=25))
+wb.submit_maker(DigitsMaker("maker"))
+def written():
+    try:
+        return "trainer.loss" in json.loads((run / "metrics.zarr" / "metrics.json").read_text())["series"]
+    except (OSError, ValueError, KeyError):
+        return False
+for _ in range(900):
+    if written():
+        break
+    await asyncio.sleep(0.2)
+assert written(), "the Workbench wrote no trainer.loss in 180 s"
+""",
+    # Count the patches Panel sends to the notebook's views (no browser here to receive them).
+    """
+import panel.io.notebook as nb
+from bokeh.document.events import DocumentPatchedEvent
+patches = []
+_push = nb.push
+def counting_push(doc, comm, binary=True, msg=None):
+    patches.append(sum(isinstance(e, DocumentPatchedEvent) for e in doc.callbacks._held_events))
+    return _push(doc, comm, binary, msg)
+nb.push = counting_push
+""",
+    # The one call a user makes: no pn.extension() anywhere in this notebook.
+    """
+from carls_dask.dashboards import Dashboard
+dash = Dashboard(RUN, period=0.5)
+dash
+""",
+    """
+await asyncio.sleep(5)
+before = (dash.ticks, dash.learning.charts["trainer-loss"].points()["loss"], sum(patches))
+await asyncio.sleep(5)
+after = (dash.ticks, dash.learning.charts["trainer-loss"].points()["loss"], sum(patches))
+wb.stop(timeout=60)
+wb.close()
+client.close()
+cluster.close()
+print(json.dumps({"before": before, "after": after, "tabs": list(dash.tabs._names)}))
+""",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_dashboard_shows_inline_and_updates_live_in_a_jupyter_kernel_while_a_workbench_runs(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = pathlib.Path(__file__).resolve().parents[2]  # the kernel imports this checkout's carls_dask
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(f"RUN = {str(tmp_path / 'run')!r}")]
+    nb.cells += [nbformat.v4.new_code_cell(src.strip()) for src in _KERNEL_CELLS]
+    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=False,
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    shown = nb.cells[3].outputs
+    kinds = {k for o in shown for k in o.get("data", {})}
+    warnings = "".join(o.get("text", "") for o in shown if o.get("output_type") == "stream")
+    assert "application/vnd.holoviews_load.v0+json" in kinds, kinds  # the extension the Dashboard loaded itself
+    assert "application/vnd.holoviews_exec.v0+json" in kinds, kinds  # the dashboard's view
+    assert "pn.extension()" not in warnings, warnings
+    out = json.loads(nb.cells[4].outputs[-1]["text"].strip().splitlines()[-1])
+    (ticks0, points0, patches0), (ticks1, points1, patches1) = out["before"], out["after"]
+    assert out["tabs"][0] == "Learning"
+    assert ticks1 >= ticks0 + 5, out  # the periodic refresh runs in the kernel (every 0.5 s)
+    assert points1 > points0 > 0, out  # the trainer's loss curve grows as the Workbench runs
+    assert patches1 > patches0, out  # and the changes go to the notebook's view
