@@ -225,7 +225,7 @@ def main() -> None:
                 write_request(path, i)
             writers.append(MetricWriter(path / "metrics.zarr", run=f"bench{i}", flush_rows=10**6, flush_seconds=3600))
             append_metrics(writers[-1], 1, args.metric_rows, seed=i)
-        writer = writers[0]
+        writers[0]
         next_metric = args.metric_rows + 1
 
         dash = Dashboard([RunReader(run), *[RunReader(p) for p in others]]) if others else Dashboard(reader=RunReader(run))

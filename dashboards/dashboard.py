@@ -20,7 +20,14 @@ from panel.io.state import set_curdoc
 
 from carls_dask.dashboards.runreader import RunReader
 from carls_dask.dashboards.runs import find_runs
-from carls_dask.dashboards.views import CompareView, CurriculumView, DriftView, HealthView, LearningView, PseudoLabelView
+from carls_dask.dashboards.views import (
+    CompareView,
+    CurriculumView,
+    DriftView,
+    HealthView,
+    LearningView,
+    PseudoLabelView,
+)
 from carls_dask.dashboards.views.base import RunView
 from carls_dask.storage.errors import ConfigError
 
@@ -223,8 +230,8 @@ class Dashboard(pn.viewable.Viewer):
         if self._callback is None:  # no periodic refresh: read it here
             self.refresh()
 
-    def _tab_list(self) -> list[tuple[str, pn.viewable.Viewable]]:
-        tabs: list[tuple[str, pn.viewable.Viewable]] = []
+    def _tab_list(self) -> list[tuple[str, pn.viewable.Viewer]]:
+        tabs: list[tuple[str, pn.viewable.Viewer]] = []
         if self.comparison is not None:
             tabs.append(("Comparison", self.comparison))
         for title, attr in RUN_TABS:

@@ -293,7 +293,7 @@ def final_figures(info: RunInfo, metrics: xr.Dataset | None = None) -> dict[str,
         return out
     if metrics is None:
         return {}
-    loops = discover(list(metrics.data_vars), None)
+    loops = discover([str(v) for v in metrics.data_vars], None)
     out = {}
     for loop, series in loops.trainers.items():
         last = last_values(metrics, list(series.values()))

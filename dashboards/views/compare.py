@@ -66,6 +66,8 @@ class CompareView(pn.viewable.Viewer):
     def __init__(self, **params: Any) -> None:
         params.setdefault("controls", LearningControls())
         super().__init__(**params)
+        assert isinstance(self.controls, LearningControls)
+        self._ctl: LearningControls = self.controls
         self.infos: list[RunInfo] = [run_info(r.path) for r in self.readers]
         labels = [i.label for i in self.infos]
         self.labels = [lab if labels.count(lab) == 1 else f"{lab} ({i.path.name})" for lab, i in zip(labels, self.infos, strict=True)]
@@ -92,8 +94,8 @@ class CompareView(pn.viewable.Viewer):
         self._panel: pn.viewable.Viewable | None = None
         self.runs.param.watch(self._on_settings, "value")
         self.metrics.param.watch(self._on_metrics, "value")
-        self.controls.param.watch(self._on_settings, ["x_axis", "smoothing", "amount"])
-        self.controls.param.watch(self._on_log, ["log_y"])
+        self._ctl.param.watch(self._on_settings, ["x_axis", "smoothing", "amount"])
+        self._ctl.param.watch(self._on_log, ["log_y"])
         self._flushing = False
 
     # ------------------------------------------------------------------ controls
@@ -152,9 +154,9 @@ class CompareView(pn.viewable.Viewer):
         options: list[str] = []
         for ds, res in zip(datasets, results, strict=True):
             if ds is not None:
-                options.extend(s for s in discover(list(ds.data_vars), res).trainer_series() if s not in options)
+                options.extend(s for s in discover([str(v) for v in ds.data_vars], res).trainer_series() if s not in options)
         chosen = list(self.metrics.value) if self._metrics_chosen else default_metrics(options)
-        c = self.controls
+        c = self._ctl
         chosen_runs = set(self.runs.value)
         curves = []
         for metric in chosen[:MAX_METRICS]:
@@ -223,7 +225,7 @@ class CompareView(pn.viewable.Viewer):
                 self._alert,
                 self._error,
                 pn.Row(self.runs, self.metrics, sizing_mode="stretch_width"),
-                self.controls.widgets(),
+                self._ctl.widgets(),
                 pn.GridBox(*[c.pane for c in self.charts], ncols=2, sizing_mode="stretch_width"),
                 "### Final figures: mean ± std over the runs of each variant",
                 self.table,

@@ -54,8 +54,8 @@ def read_result(path: pathlib.Path, cache: dict[str, Any]) -> dict[str, Any] | N
 class LearningControls(param.Parameterized):
     """How curves are drawn: the x axis, the smoothing and the y scale."""
 
-    x_axis = param.Selector(default="step", objects=list(X_AXES), doc="What the x axis shows.")
-    smoothing = param.Selector(default="EMA", objects=list(SMOOTHING), doc="How curves are smoothed.")
+    x_axis: param.Selector = param.Selector(default="step", objects=list(X_AXES), doc="What the x axis shows.")
+    smoothing: param.Selector = param.Selector(default="EMA", objects=list(SMOOTHING), doc="How curves are smoothed.")
     amount = param.Integer(default=0, bounds=(0, 500), doc="Points the smoothing spans (0: raw values).")
     log_y = param.Boolean(default=False, doc="Log scale on the y axis.")
 
@@ -83,6 +83,8 @@ class LearningView(RunView):
         params.setdefault("title", "Learning")
         params.setdefault("controls", LearningControls())
         super().__init__(**params)
+        assert isinstance(self.controls, LearningControls)
+        self._ctl: LearningControls = self.controls
         self.x_range = DataRange1d()
         self.charts: dict[str, LiveLogCurves] = {}
         self._charts_lock = threading.Lock()
@@ -93,8 +95,8 @@ class LearningView(RunView):
         self._has_metrics = False
         self._settings = object()  # replaced when a control changes: the next read redraws
         self._xlabel = "step"
-        self.controls.param.watch(self._on_settings, ["x_axis", "smoothing", "amount"])
-        self.controls.param.watch(self._on_log, ["log_y"])
+        self._ctl.param.watch(self._on_settings, ["x_axis", "smoothing", "amount"])
+        self._ctl.param.watch(self._on_log, ["log_y"])
 
     # ------------------------------------------------------------------ controls
 
@@ -140,8 +142,8 @@ class LearningView(RunView):
             self.loops = Loops()
             self._set_message("No metric store yet: the curves appear when the run writes its first metrics.")
             return
-        c = self.controls
-        loops = discover(list(ds.data_vars), read_result(self.reader.path, self._result_cache))
+        c = self._ctl
+        loops = discover([str(v) for v in ds.data_vars], read_result(self.reader.path, self._result_cache))
         self.loops = loops
         self._xlabel = "step" if c.x_axis == "step" else "seconds since the run's first metric"
         for trainer, series in loops.trainers.items():
@@ -170,7 +172,7 @@ class LearningView(RunView):
         keys = list(self.charts)
         if keys != self._shown:
             for chart in charts:
-                chart.set_log(self.controls.log_y)
+                chart.set_log(self._ctl.log_y)
             self._grid.objects = [chart.pane for chart in charts]
             self._shown = keys
         changed = 0
@@ -181,4 +183,4 @@ class LearningView(RunView):
         return changed
 
     def _layout(self) -> pn.viewable.Viewable:
-        return pn.Column(self.controls.widgets(), self._grid, sizing_mode="stretch_width")
+        return pn.Column(self._ctl.widgets(), self._grid, sizing_mode="stretch_width")

@@ -20,7 +20,6 @@ from carls_dask.storage.metrics import MetricWriter, open_metrics
 from tests.dashboards.runfolder import nodes, write_snapshot
 
 
-
 def _real_run(root: pathlib.Path, variant: str, seed: int, steps: int = 20) -> pathlib.Path:
     """A real semi-supervised run on Cora, in process."""
     from carls_dask.runtime.registry import get_paradigm
@@ -54,7 +53,7 @@ def test_discovers_the_trainer_and_makers_of_a_real_run_and_ignores_aliases(semi
     loops = discover(list(ds.data_vars), result)
     assert list(loops.trainers) == ["trainer"]
     trainer = loops.trainers["trainer"]
-    assert list(trainer)[0] == "loss"
+    assert next(iter(trainer)) == "loss"
     assert set(trainer) == {"loss", "train_acc", "val_acc", "test_acc"}
     assert all(s == f"trainer.{m}" for m, s in trainer.items())
     assert set(loops.makers) == {"neighbour-maker", "pseudo-labeller"}
