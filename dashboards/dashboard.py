@@ -451,9 +451,9 @@ class Dashboard(pn.viewable.Viewer):
         """Show inline in Jupyter with one call: load Panel's notebook extension if nobody did, then refresh live."""
         _load_notebook_extension()
         if _in_live_kernel():
-            if not self.ticks:
-                self.refresh()  # the first picture at once; the periodic refresh keeps it current
-            self.start()
+            self.start()  # reads at once in worker threads (the cell returns), then keeps the view current
+        elif not self.ticks:
+            self.refresh()  # no live kernel to refresh it later: show what the run holds now
         return super()._repr_mimebundle_(include, exclude)
 
 
