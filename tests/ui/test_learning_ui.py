@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -115,6 +116,9 @@ def test_learning_tab_shows_curves_that_grow_within_2s_of_each_write(
             assert shown >= rows, f"the page shows {shown} loss points 10 s after the run wrote its row {rows}"
             delays.append(time.time() - written)
             last = step
+        (artifacts_dir / "dashboard-learning-delays.json").write_text(
+            json.dumps({"metric_write_to_page_s": delays, "load_average": os.getloadavg()}, indent=1)
+        )
         assert len(delays) == 4, f"saw only {len(delays)} metric writes on the page in 90 s"
         assert max(delays) <= MAX_DELAY_S, f"new metric points reached the page after {[round(d, 2) for d in delays]} s"
         page.screenshot(path=str(artifacts_dir / "dashboard-learning.png"), full_page=True)
