@@ -89,12 +89,12 @@ def _plot_readers() -> concurrent.futures.ThreadPoolExecutor:
         return _PLOT_READERS[0]
 
 
-def _readers(runs: RunsArg) -> list[RunReader]:
-    """Readers of the runs named by ``runs`` (see :class:`Dashboard`)."""
+def _readers(runs: RunsArg, table: str = "nodes") -> list[RunReader]:
+    """Readers of the runs named by ``runs`` (see :class:`Dashboard`); a path's reader reads bank table ``table``."""
     if isinstance(runs, RunReader):
         return [runs]
     if isinstance(runs, str | os.PathLike):
-        return [RunReader(p) for p in find_runs(runs)]
+        return [RunReader(p, table=table) for p in find_runs(runs)]
     if not isinstance(runs, Sequence):
         raise ConfigError(
             f"Dashboard runs: got {type(runs).__name__} {runs!r}; expected a run folder (path or str), a RunReader, "
@@ -112,7 +112,7 @@ def _readers(runs: RunsArg) -> list[RunReader]:
                 f"Dashboard runs: item {item!r} is a {type(item).__name__}; expected a path, a str or a RunReader"
             )
     if paths:
-        readers.extend(RunReader(p) for p in find_runs(paths))
+        readers.extend(RunReader(p, table=table) for p in find_runs(paths))
     if not readers:
         raise ConfigError("Dashboard runs: the sequence is empty; expected at least one run folder")
     return readers
@@ -157,6 +157,8 @@ class Dashboard(pn.viewable.Viewer):
         first tab compares them, and the run tabs show the run chosen in the run selector.
     **params
         Parameters below; ``reader=RunReader(path)`` instead of ``runs`` shows one run.
+    table
+        The bank table the views of a run given as a path read (a :class:`RunReader` says its own).
 
     Call :meth:`refresh` to read what is new, or :meth:`start` to refresh periodically (in a served
     app or a live notebook). Periodic refreshes read the runs in worker threads and update the figures
@@ -176,11 +178,11 @@ class Dashboard(pn.viewable.Viewer):
     ticks = param.Integer(default=0, doc="Refreshes of the headline figures so far.")
     plot_refreshes = param.Integer(default=0, doc="Refreshes of the plots so far.")
 
-    def __init__(self, runs: RunsArg | None = None, **params: Any) -> None:
+    def __init__(self, runs: RunsArg | None = None, *, table: str = "nodes", **params: Any) -> None:
         if runs is not None and params.get("reader") is not None:
             raise ConfigError("Dashboard: got both runs and reader=; give one of them")
         if runs is not None:
-            params["readers"] = _readers(runs)
+            params["readers"] = _readers(runs, table)
         elif params.get("reader") is not None and not params.get("readers"):
             params["readers"] = [params["reader"]]
         if params.get("readers") and params.get("reader") is None:

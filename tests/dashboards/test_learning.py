@@ -348,3 +348,13 @@ def test_dashboard_shows_inline_and_updates_live_in_a_jupyter_kernel_while_a_wor
     assert ticks1 >= ticks0 + 5, out  # the periodic refresh runs in the kernel (every 0.5 s)
     assert points1 > points0 > 0, out  # the trainer's loss curve grows as the Workbench runs
     assert patches1 > patches0, out  # and the changes go to the notebook's view
+
+
+def test_dashboard_of_a_path_reads_the_bank_table_it_is_told(tmp_path: pathlib.Path) -> None:
+    keys, cols = nodes(40, 10)
+    write_snapshot(tmp_path / "bank", 10, keys, cols)
+    assert Dashboard(tmp_path).reader.table == "nodes"
+    d = Dashboard(tmp_path, table="digits")
+    assert d.reader.table == "digits"
+    d.refresh()  # the bank has table "nodes" only: the views say so
+    assert any("no table 'digits'" in str(v._error.object) + v.message for v in d.views)
