@@ -35,6 +35,22 @@ _POINTS = """(name) => {
   return -1;
 }"""
 
+_VISIBLE = """(name) => {
+  for (const doc of (window.Bokeh ? Bokeh.documents : [])) {
+    const m = doc.get_model_by_name(name);
+    if (m) return m.visible;
+  }
+  return null;
+}"""
+
+_Y_SCALE = """(name) => {
+  for (const doc of (window.Bokeh ? Bokeh.documents : [])) {
+    const m = doc.get_model_by_name(name);
+    if (m) return m.y_scale.type;
+  }
+  return null;
+}"""
+
 _ALL_TEXT = """() => {
   const out = [];
   const walk = (root) => {
@@ -123,6 +139,16 @@ def test_learning_tab_shows_curves_that_grow_within_2s_of_each_write(
         assert max(delays) <= MAX_DELAY_S, f"new metric points reached the page after {[round(d, 2) for d in delays]} s"
         page.screenshot(path=str(artifacts_dir / "dashboard-learning.png"), full_page=True)
         assert _texts(page).count("Learning") >= 1 and page.locator("canvas").count() >= 3
+
+        # The log-scale toggle swaps in the figures with a log y axis (same lines, same x range).
+        assert page.evaluate(_VISIBLE, "learning-trainer-loss-log") is False
+        page.locator("input[type=checkbox]").first.click()  # the only checkbox of the tab: "log y"
+        deadline = time.monotonic() + 10
+        while page.evaluate(_VISIBLE, "learning-trainer-loss-log") is not True and time.monotonic() < deadline:
+            page.wait_for_timeout(100)
+        assert page.evaluate(_VISIBLE, "learning-trainer-loss-log") is True
+        assert page.evaluate(_VISIBLE, "learning-trainer-loss") is False
+        assert page.evaluate(_Y_SCALE, "learning-trainer-loss-log") == "LogScale"
         assert errors == [], f"browser console errors: {errors}"
         page.close()
 
