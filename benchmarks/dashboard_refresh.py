@@ -16,14 +16,22 @@ Each side's time includes turning the document changes into the PATCH-DOC messag
 send, whose size is printed too. This is the work the server's event loop does per refresh; the
 read is printed separately (it runs in a worker thread, off the event loop, in every case).
 
-Run: ``python benchmarks/dashboard_refresh.py [--rows 100000] [--rounds 5]``.
+The same is measured for the tabs read on every tick: the **Learning** tab of the run (trainer loss and
+evaluation curves, makers' staleness, rounds and rows) and the **Comparison** of ``--runs`` runs (each
+with its own metric store gaining ``--new-rows`` rows a round): their in-place update (``flush`` of the
+view as rendered by Panel into a document: streamed curve points, the table) against rebuilding their
+figures, and against the :data:`EVENT_LOOP_BUDGET_MS` budget of one tick.
+
+Run: ``python benchmarks/dashboard_refresh.py [--rows 100000] [--rounds 5] [--runs 10]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
+import shutil
 import statistics
 import tempfile
 import time
@@ -35,6 +43,7 @@ import numpy as np
 from bokeh.document import Document
 from bokeh.layouts import column
 from bokeh.protocol import Protocol
+from panel.viewable import Viewable
 
 from carls_dask.dashboards.dashboard import Dashboard
 from carls_dask.dashboards.figures import (
@@ -51,6 +60,8 @@ from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_
 
 CLASSES = 7
 DIM = 32
+#: Most milliseconds the event loop may spend on one tick's update of the Learning or Comparison tab.
+EVENT_LOOP_BUDGET_MS = 50.0
 
 
 def _table(rows: int, step: int) -> dict[str, np.ndarray]:
@@ -92,11 +103,23 @@ def write_snapshot(bank: pathlib.Path, step: int, rows: int) -> None:
     commit_snapshot(handle)
 
 
-def append_metrics(writer: MetricWriter, start: int, n: int) -> None:
-    for step in range(start, start + n):
+def append_metrics(writer: MetricWriter, start: int, n: int, seed: int = 0) -> None:
+    """Metric rows ``start .. start + n - 1``: bank counters, curriculum and pseudo-label series, and a
+    trainer's loss and accuracies and a maker's staleness, rounds and rows under their loops' names."""
+    wiggle = np.random.default_rng(seed + start).normal(size=n) * 0.01
+    for i, step in enumerate(range(start, start + n)):
         writer.append(step, bank_lookups=step * 100.0, bank_updates=step * 40.0, pacing=min(1.0, step / 5000),
-                      admitted_fraction=min(1.0, step / 5200), pl_precision=0.8 + 1e-5 * step, pl_coverage=0.6)
+                      admitted_fraction=min(1.0, step / 5200), pl_precision=0.8 + 1e-5 * step, pl_coverage=0.6,
+                      **{"trainer.loss": 1.0 / (1 + 0.01 * step) + wiggle[i], "trainer.val_acc": 0.9 - 0.5 / (1 + 0.01 * step),
+                         "trainer.test_acc": 0.88 - 0.5 / (1 + 0.01 * step) + wiggle[i], "trainer.train_acc": min(1.0, step / 2000),
+                         "maker.staleness_s": 0.5 + 0.1 * (step % 10), "maker.round": step // 10, "maker.rows": 100.0 * (step // 10)})
     writer.flush()
+
+
+def write_request(run: pathlib.Path, index: int) -> None:
+    """The run's ``request.json``: variants ``v0`` .. ``v4``, seeds 0, 1, ... (so the comparison averages seeds)."""
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "request.json").write_text(json.dumps({"paradigm": "bench", "variant": f"v{index % 5}", "settings": {"seed": index // 5}}))
 
 
 # ---------------------------------------------------------------------------- the three ways to redraw
@@ -179,6 +202,7 @@ def main() -> None:
     parser.add_argument("--metric-rows", type=int, default=3000, help="metric rows before the first round")
     parser.add_argument("--new-rows", type=int, default=20, help="metric rows each round adds")
     parser.add_argument("--rounds", type=int, default=5, help="refreshes measured")
+    parser.add_argument("--runs", type=int, default=10, help="runs compared (each with its own metric store)")
     args = parser.parse_args()
 
     import holoviews as hv
@@ -193,12 +217,20 @@ def main() -> None:
             write_snapshot(run / "bank", step, args.rows)
             step += 100
         np.savez(run / "truth.npz", keys=np.arange(args.rows, dtype=np.int64), labels=np.arange(args.rows) % CLASSES)
-        writer = MetricWriter(run / "metrics.zarr", run="bench", flush_rows=10**6, flush_seconds=3600)
-        append_metrics(writer, 1, args.metric_rows)
+        write_request(run, 0)
+        others = [run.parent / f"{run.name}-run{i}" for i in range(1, args.runs)]
+        writers = []
+        for i, path in enumerate([run, *others]):
+            if i:
+                write_request(path, i)
+            writers.append(MetricWriter(path / "metrics.zarr", run=f"bench{i}", flush_rows=10**6, flush_seconds=3600))
+            append_metrics(writers[-1], 1, args.metric_rows, seed=i)
+        writers[0]
         next_metric = args.metric_rows + 1
 
-        dash = Dashboard(reader=RunReader(run))
-        figures = [f for v in dash.views for f in v.figures()]
+        dash = Dashboard([RunReader(run), *[RunReader(p) for p in others]]) if others else Dashboard(reader=RunReader(run))
+        base_views = [v for v in dash.views if v is not dash.learning]
+        figures = [f for v in base_views for f in v.figures()]
         page = Document()  # the page of the in-place way: its figures stay, their data changes
         page.add_root(column(*[f.figure for f in figures]))
         rebuilt = {"bokeh": Document(), "hv": Document()}  # the pages of the rebuilds: figures replaced
@@ -208,18 +240,50 @@ def main() -> None:
         t0 = time.perf_counter()
         dash.refresh()
         first = time.perf_counter() - t0
+        # The tabs read on every tick, rendered by Panel into documents of their own (as a served page holds them).
+        ticked: dict[str, Any] = {"learning": dash.learning}
+        if dash.comparison is not None:
+            ticked["comparison"] = dash.comparison
+        tick_pages = {}
+        for key, view in ticked.items():
+            tick_pages[key] = Document()
+            tick_pages[key].add_root(Viewable.get_root(view.__panel__(), tick_pages[key]))  # type: ignore[arg-type]
+        tick_rebuilt = {(key, way): Document() for key in ticked for way in ("bokeh", "hv")}
+        tick_holders = {k: column() for k in tick_rebuilt}
+        for k, d in tick_rebuilt.items():
+            d.add_root(tick_holders[k])
 
-        rows: dict[str, list[float]] = {k: [] for k in ("read", "hv", "bokeh", "inplace", "hv_b", "bokeh_b", "inplace_b")}
+        keys = ("read", "hv", "bokeh", "inplace", "hv_b", "bokeh_b", "inplace_b")
+        rows: dict[str, list[float]] = {k: [] for k in keys}
+        rows.update({f"{tab}_{k}": [] for tab in ticked for k in keys})
         for _ in range(args.rounds):
             write_snapshot(run / "bank", step, args.rows)
             step += 100
-            append_metrics(writer, next_metric, args.new_rows)
+            for i, w in enumerate(writers):
+                append_metrics(w, next_metric, args.new_rows, seed=i)
             next_metric += args.new_rows
 
             t0 = time.perf_counter()
-            for v in dash.views:
+            for v in base_views:
                 v.read()
             rows["read"].append(time.perf_counter() - t0)
+            for tab, view in ticked.items():
+                t0 = time.perf_counter()
+                view.read()
+                rows[f"{tab}_read"].append(time.perf_counter() - t0)
+                tab_figures = view.figures()
+                tab_pending = [f._pending or f._last for f in tab_figures]
+                tab_fresh: list[LiveFigure] = []
+                tab_ways: list[tuple[str, Callable[[], None], Document]] = [
+                    ("bokeh", partial(bokeh_rebuild, tab_figures, tab_pending, tick_holders[tab, "bokeh"], tab_fresh),
+                     tick_rebuilt[tab, "bokeh"]),
+                    ("hv", partial(hv_rebuild, tab_fresh, tick_holders[tab, "hv"], renderer), tick_rebuilt[tab, "hv"]),
+                    ("inplace", view.flush, tick_pages[tab]),
+                ]
+                for key, change, doc in tab_ways:
+                    secs, size = _timed(doc, change)
+                    rows[f"{tab}_{key}"].append(secs)
+                    rows[f"{tab}_{key}_b"].append(size)
             pending = [f._pending or f._last for f in figures]  # this round's content of every figure
 
             fresh: list[LiveFigure] = []
@@ -232,7 +296,10 @@ def main() -> None:
                 secs, size = _timed(doc, change)
                 rows[key].append(secs)
                 rows[key + "_b"].append(size)
-        writer.close()
+        for w in writers:
+            w.close()
+        for path in others:
+            shutil.rmtree(path, ignore_errors=True)
 
     def med(k: str) -> float:
         return statistics.median(rows[k])
@@ -245,6 +312,22 @@ def main() -> None:
     print(f"  {'way':<20}{'ms':>10}{'patch KiB':>12}{'vs in place':>14}")
     for name, k in (("HoloViews rebuild", "hv"), ("Bokeh rebuild", "bokeh"), ("in place", "inplace")):
         print(f"  {name:<20}{med(k) * 1000:>10.1f}{med(k + '_b') / 1024:>12.1f}{med(k) / med('inplace'):>13.1f}x")
+    over = []
+    for tab, view in ticked.items():
+        what = f"{len(view.figures())} figures" + (f", {args.runs} runs" if tab == "comparison" else "")
+        print(f"  {tab} tab (read on every tick; {what}):")
+        print(f"    read per refresh (worker thread): median {med(tab + '_read') * 1000:.1f} ms")
+        print(f"    {'way':<20}{'ms':>10}{'patch KiB':>12}{'vs in place':>14}{'vs run views':>14}")
+        for name, k in (("HoloViews rebuild", "hv"), ("Bokeh rebuild", "bokeh"), ("in place", "inplace")):
+            ms = med(f"{tab}_{k}") * 1000
+            print(f"    {name:<20}{ms:>10.1f}{med(f'{tab}_{k}_b') / 1024:>12.1f}"
+                  f"{med(f'{tab}_{k}') / med(f'{tab}_inplace'):>13.1f}x{med(f'{tab}_{k}') / med('inplace'):>13.2f}x")
+        worst = max(rows[f"{tab}_inplace"]) * 1000
+        print(f"    in place, worst round: {worst:.1f} ms (budget {EVENT_LOOP_BUDGET_MS:.0f} ms per tick)")
+        if worst > EVENT_LOOP_BUDGET_MS:
+            over.append(f"{tab} {worst:.1f} ms")
+    if over:
+        print(f"  OVER BUDGET on the event loop: {', '.join(over)}")
 
 
 if __name__ == "__main__":

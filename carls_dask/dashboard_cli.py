@@ -21,18 +21,12 @@ __all__ = [
     "add_arguments",
     "add_report_arguments",
     "app_path",
-    "is_run_folder",
     "panel_command",
     "run",
-    "run_folders",
     "run_report",
 ]
 
 logger = logging.getLogger(__name__)
-
-#: What a run folder holds (any one of them makes a folder a run, even one still being written).
-RUN_PARTS = ("metrics.zarr", "bank", "request.json", "result.json", "run.json")
-
 
 def app_path() -> pathlib.Path:
     """Where ``dashboards/app.py`` is (located without importing the dashboards package)."""
@@ -40,30 +34,6 @@ def app_path() -> pathlib.Path:
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError("the 'dashboards' package is not installed; expected it beside carls_dask")
     return pathlib.Path(next(iter(spec.submodule_search_locations))) / "app.py"
-
-
-def is_run_folder(path: pathlib.Path) -> bool:
-    """Whether ``path`` is a run folder: it holds a metric store, a bank, or a run's JSON files."""
-    return any((path / part).exists() for part in RUN_PARTS)
-
-
-def run_folders(paths: pathlib.Path | Sequence[pathlib.Path]) -> list[pathlib.Path]:
-    """The run folders named by ``paths``: each run folder as given, each folder of runs as its runs (sorted).
-
-    A path that does not exist (yet), or a folder that is neither a run nor holds any, stays as given:
-    the dashboard waits for it, the report names it in its error.
-    """
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [pathlib.Path(paths)]
-    out: list[pathlib.Path] = []
-    for path in map(pathlib.Path, paths):
-        if path.is_dir() and not is_run_folder(path):
-            runs = sorted(p for p in path.iterdir() if p.is_dir() and is_run_folder(p))
-            if runs:
-                out.extend(runs)
-                continue
-        out.append(path)
-    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
     SIGTERM or SIGINT sent to it stops the server itself, which closes its port and exits, and no
     child is left behind to hold the port (a child would outlive a signal sent to its parent).
     """
-    runs = run_folders(args.run_paths)
+    from carls_dask.dashboards.runs import find_runs
+
+    runs = find_runs(args.run_paths)
     cmd = panel_command(runs, args.address, args.port, args.show)
     env = dict(os.environ)
     if args.refresh is not None:
@@ -152,6 +124,6 @@ def run_report(args: argparse.Namespace) -> int:
     """Handler of ``carls-dask report``: write the static HTML report of the runs and name the file written."""
     from carls_dask.dashboards.report import write_report
 
-    out = write_report(run_folders(args.run_paths), args.output, title=args.title)
+    out = write_report(args.run_paths, args.output, title=args.title)
     sys.stdout.write(f"carls-dask report: wrote {out} ({out.stat().st_size / 1e6:.1f} MB)\n")
     return 0

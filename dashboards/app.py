@@ -9,18 +9,14 @@ does::
 
 from __future__ import annotations
 
-import pathlib
 import sys
 import threading
-from collections.abc import Sequence
 
 import panel as pn
 
 from carls_dask import config
-from carls_dask.dashboard_cli import run_folders
 from carls_dask.dashboards import plots
-from carls_dask.dashboards.dashboard import Dashboard, run_path_from
-from carls_dask.dashboards.runreader import RunReader
+from carls_dask.dashboards.dashboard import Dashboard, run_paths_from
 
 pn.extension(sizing_mode="stretch_width", notifications=False, inline=True)  # no CDN: works offline
 
@@ -52,22 +48,8 @@ if not pn.state.cache.get("carls-warm"):
     pn.state.cache["carls-warm"].start()
 
 
-def run_paths_from(argv: Sequence[str]) -> list[pathlib.Path]:
-    """The run folders of the page: every ``--args`` value (``argv[1:]``), else ``CARLS_RUN``; folders of runs expanded."""
-    given = [pathlib.Path(a) for a in argv[1:] if a]
-    if not given:
-        path = run_path_from(list(argv))
-        given = [] if path is None else [path]
-    return run_folders(given)
-
-
-def make_dashboard(paths: Sequence[pathlib.Path], **params: object) -> Dashboard:
-    """The dashboard of the run folders ``paths`` (not empty)."""
-    return Dashboard(reader=RunReader(paths[0]), **params)  # until Dashboard takes runs: Dashboard(paths, **params)
-
-
 def build() -> pn.viewable.Viewable | pn.viewable.Viewer:
-    """Build the page for the runs named on the command line or in ``CARLS_RUN``."""
+    """Build the page for the runs named on the command line or in ``CARLS_RUN`` (folders of runs expanded)."""
     paths = run_paths_from(sys.argv)
     if not paths:
         return pn.pane.Alert(
@@ -75,7 +57,7 @@ def build() -> pn.viewable.Viewable | pn.viewable.Viewer:
             "run `carls-dask dashboard RUN [RUN ...]`, or set CARLS_RUN.",
             alert_type="warning",
         )
-    dash = make_dashboard(
+    dash = Dashboard(
         paths,
         period=config.get_seconds("dashboard.refresh"),
         plot_period=config.get_seconds("dashboard.plot-refresh"),

@@ -23,7 +23,10 @@ from bokeh.models import ColumnDataSource, FactorRange, HoverTool, LinearColorMa
 from bokeh.models.annotations import Label, Legend, Title
 from bokeh.plotting import figure
 
-__all__ = ["HEIGHT", "MIN_WIDTH", "WIDTH", "LiveBars", "LiveCurves", "LiveFigure", "LiveHeatmap", "LiveImage", "LiveMap", "LiveStackedBars"]
+__all__ = [
+    "HEIGHT", "MIN_WIDTH", "WIDTH", "LiveBars", "LiveCurves", "LiveFigure", "LiveHeatmap", "LiveImage", "LiveLogCurves",
+    "LiveMap", "LiveStackedBars",
+]
 
 WIDTH = 460
 HEIGHT = 260
@@ -381,3 +384,79 @@ class LiveMap(LiveImage):
         super()._clear()
         if len(self.points.data["x"]):
             self.points.data = {k: [] for k in self.points.data}
+
+
+class LiveLogCurves(LiveCurves):
+    """:class:`LiveCurves` drawn on two figures that share their sources: a linear and a log y axis.
+
+    :meth:`set_log` chooses which figure shows (a real Bokeh log axis, not transformed data); the data
+    go to the browser once, as both figures draw the same sources. Extra keywords (``x_range`` to share
+    an x axis, ``sizing_mode``) go to both figures.
+    """
+
+    def __init__(self, title: str, note: str = "no data yet", xlabel: str = "step", ylabel: str = "value", **kw: Any) -> None:
+        super().__init__(title, note, xlabel, ylabel, **kw)
+        name = kw.pop("name", None)
+        kw.setdefault("x_range", self.figure.x_range)
+        self.log_figure = figure(
+            title=title, width=kw.pop("width", WIDTH), height=kw.pop("height", HEIGHT), x_axis_label=xlabel,
+            y_axis_label=f"{ylabel} (log)", y_axis_type="log", tools=_TOOLS, toolbar_location="above",
+            name=f"{name}-log" if name else None, visible=False, **kw,
+        )
+        self.log_note = Label(
+            x=10, y=self.note.y, x_units="screen", y_units="screen", text=note, text_color="#666666", text_font_size="11pt",
+        )
+        self.log_figure.add_layout(self.log_note)
+        self.log_figure.add_tools(HoverTool(tooltips=[("series", "$name"), (xlabel, "@x"), (ylabel, "@y")]))
+        self._log_lines: set[str] = set()
+        self._log_pane: pn.pane.Bokeh | None = None
+        self._layout: pn.Column | None = None
+
+    @property
+    def log(self) -> bool:
+        """Whether the log-scale figure is the one shown."""
+        return bool(self.log_figure.visible)
+
+    def set_log(self, log: bool) -> None:
+        """Show the log-scale figure (``True``) or the linear one; call where the document may change."""
+        self.log_figure.visible = bool(log)
+        self.figure.visible = not log
+
+    @property
+    def pane(self) -> pn.Column:  # type: ignore[override]
+        """Both figures in one Panel layout (only one is visible)."""
+        if self._layout is None:
+            self._layout = pn.Column(
+                pn.pane.Bokeh(self.figure, sizing_mode="stretch_width"),
+                pn.pane.Bokeh(self.log_figure, sizing_mode="stretch_width"),
+                sizing_mode="stretch_width",
+            )
+        return self._layout
+
+    def set_xlabel(self, label: str) -> None:
+        """Name the x axis of both figures; call where the document may change."""
+        for f in (self.figure, self.log_figure):
+            for axis in f.xaxis:
+                if axis.axis_label != label:
+                    axis.axis_label = label
+
+    def flush(self) -> bool:
+        changed = super().flush()
+        if changed:
+            title, log_title = self.figure.title, self.log_figure.title
+            if isinstance(title, Title) and isinstance(log_title, Title) and log_title.text != title.text:
+                log_title.text = title.text
+            if self.log_note.text != self.note.text:
+                self.log_note.text = self.note.text
+            if self.log_note.visible != self.note.visible:
+                self.log_note.visible = self.note.visible
+        return changed
+
+    def _apply(self, update: dict[str, Any]) -> None:
+        super()._apply(update)
+        for i, (name, src) in enumerate(self.sources.items()):
+            if name not in self._log_lines:
+                self._log_lines.add(name)
+                colour = _PALETTE[i % len(_PALETTE)]
+                self.log_figure.line("x", "y", source=src, legend_label=name, color=colour, line_width=2, name=name)
+                self.log_figure.legend.location = "top_left"

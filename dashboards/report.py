@@ -28,9 +28,10 @@ from panel.io.notebook import patch_inline_stylesheets
 from pyviz_comms import Comm
 
 from carls_dask import __version__
-from carls_dask.dashboard_cli import run_folders
 from carls_dask.dashboards.dashboard import Dashboard
 from carls_dask.dashboards.runreader import RunReader
+from carls_dask.dashboards.runs import find_runs
+from carls_dask.dashboards.views.compare import CompareView
 from carls_dask.storage.errors import ConfigError
 
 __all__ = ["check_report_paths", "make_dashboards", "run_summary", "write_report"]
@@ -67,9 +68,16 @@ def check_report_paths(runs: Sequence[pathlib.Path], out: pathlib.Path) -> None:
         raise ConfigError(f"report: the folder of output {out} ({out.parent}) does not exist; create it first")
 
 
-def make_dashboards(runs: Sequence[pathlib.Path]) -> list[tuple[str, Dashboard]]:
-    """The dashboards the report shows, each with its heading (empty for a dashboard of all the runs)."""
-    return [(run.name, Dashboard(reader=RunReader(run))) for run in runs]  # until Dashboard takes runs: [("", Dashboard(runs))]
+def make_dashboards(runs: Sequence[pathlib.Path]) -> list[tuple[str, Dashboard | CompareView]]:
+    """The parts of the report, each with its heading: the comparison of the runs (when there are several), then each run's dashboard.
+
+    A file has no server to switch the run a dashboard shows, so each run gets its own tabs.
+    """
+    parts: list[tuple[str, Dashboard | CompareView]] = []
+    if len(runs) > 1:
+        parts.append((f"Comparison of {len(runs)} runs", CompareView(readers=[RunReader(r) for r in runs])))
+    parts.extend((run.name if len(runs) > 1 else "", Dashboard(run)) for run in runs)
+    return parts
 
 
 def run_summary(run: pathlib.Path) -> dict[str, str]:
@@ -109,7 +117,7 @@ def _runs_table(rows: list[dict[str, str]]) -> pn.pane.HTML:
     )
 
 
-def _static(dash: Dashboard) -> pn.viewable.Viewable:
+def _static(dash: Dashboard | CompareView) -> pn.viewable.Viewable:
     """``dash``'s layout made for a file: every tab rendered, no live status line, server-bound widgets disabled."""
     layout = dash.__panel__()
     for tabs in layout.select(pn.Tabs):
@@ -171,7 +179,7 @@ def write_report(
     ConfigError
         If a run folder or the output's folder is missing, or ``out`` is a folder.
     """
-    paths = run_folders(runs)
+    paths = find_runs(runs)
     out = pathlib.Path(out)
     check_report_paths(paths, out)
     if title is None:

@@ -86,13 +86,17 @@ class RunView(pn.viewable.Viewer):
         self._alert.object = text
         self._alert.visible = bool(text)
 
+    def applies(self) -> bool:
+        """Whether the run has what this view shows (a dashboard shows the view's tab only then).
+
+        Called after :meth:`read` (in the same worker thread), again as the run writes, so a tab may
+        appear later. The default: always.
+        """
+        return True
+
     def figures(self) -> list[LiveFigure]:
         """The live figures of this view."""
         return [v for v in vars(self).values() if isinstance(v, LiveFigure)]
-
-    def applies(self) -> bool:
-        """Whether the run has what this view shows (a tab is shown only then)."""
-        return True
 
     def refresh(self) -> None:
         """Read what is new in the run and update the figures in place (here, at once)."""

@@ -140,7 +140,8 @@ def main() -> None:
         if i % args.snapshot_every == 0:
             write_snapshot(bank, step, keys, cols, delta_seqs=[log.seq for log in logs])
         writer.append(step, bank_rows=float(rows), bank_lookups=float(step * 100), bank_updates=float(step * 40),
-                      pacing=min(1.0, step / 500), admitted_fraction=min(1.0, step / 520), train_loss=1.0 / step)
+                      pacing=min(1.0, step / 500), admitted_fraction=min(1.0, step / 520), train_loss=1.0 / step,
+                      **{"trainer.loss": 1.0 / step, "trainer.val_acc": 1.0 - 1.0 / step, "labeller.staleness_s": 0.1 * i})
         writer.flush()
         (args.run / "writer.progress").write_text(f"{step} {rows}\n")
         time.sleep(args.period)
