@@ -28,8 +28,8 @@ def _runs_in(folder: pathlib.Path) -> list[pathlib.Path]:
 def find_runs(paths: PathLike | Sequence[PathLike]) -> list[pathlib.Path]:
     """The run folders named by ``paths``: each a run folder or a folder of runs (its run subfolders, by name).
 
-    A single path that is not there yet, or an empty folder, is taken as a run that has not written
-    anything yet (a dashboard waits for it).
+    A path that is not there yet (or a single empty folder) is taken as a run that has not written
+    anything yet: a dashboard waits for it; a report says it is missing.
 
     Parameters
     ----------
@@ -59,10 +59,8 @@ def find_runs(paths: PathLike | Sequence[PathLike]) -> list[pathlib.Path]:
             found = [path]
         elif path.is_dir() and (inner := _runs_in(path)):
             found = inner
-        elif len(given) == 1 and (not path.exists() or (path.is_dir() and not any(path.iterdir()))):
+        elif not path.exists() or (len(given) == 1 and path.is_dir() and not any(path.iterdir())):
             found = [path]  # a run that has not started writing (yet)
-        elif not path.exists():
-            raise ConfigError(f"run path {path} does not exist; expected a run folder or a folder of run folders")
         elif not path.is_dir():
             raise ConfigError(f"run path {path} is a file; expected a run folder or a folder of run folders")
         else:

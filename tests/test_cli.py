@@ -117,7 +117,7 @@ def test_report_names_a_missing_run_a_missing_output_folder_and_an_output_folder
     err = capsys.readouterr().err
     assert f"report: run folder {tmp_path / 'nope'} does not exist" in err
     assert main(["report", str(run / "bank" / "manifest.json"), "-o", str(out)]) == 1
-    assert "is a file; expected a folder" in capsys.readouterr().err
+    assert "is a file; expected a run folder" in capsys.readouterr().err
     assert main(["report", str(run), "-o", str(tmp_path / "missing" / "report.html")]) == 1
     assert f"the folder of output {tmp_path / 'missing' / 'report.html'} ({tmp_path / 'missing'}) does not exist" in capsys.readouterr().err
     assert main(["report", str(run), "-o", str(tmp_path)]) == 1

@@ -214,8 +214,7 @@ def test_find_runs_expands_folders_of_runs_and_names_bad_paths(tmp_path: pathlib
         find_runs([runs / "a", runs / "README"])
     with pytest.raises(ConfigError, match=rf"run path {runs / 'notes'} is neither a run folder .* nor a folder of run folders"):
         find_runs([runs / "a", runs / "notes"])
-    with pytest.raises(ConfigError, match=rf"run path {tmp_path / 'nope'} does not exist"):
-        find_runs([runs / "a", tmp_path / "nope"])
+    assert find_runs([runs / "a", tmp_path / "nope"]) == [runs / "a", tmp_path / "nope"]  # not there yet: waited for
     with pytest.raises(ConfigError, match="no run given"):
         find_runs([])
 

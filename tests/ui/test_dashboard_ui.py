@@ -171,6 +171,7 @@ def test_live_run_renders_and_shows_new_bank_writes_within_2s(
     with _serve(writing_run, tmp_path / "panel.log") as url:
         page, errors = _open(browser, url)
         _wait_text(page, r"refreshed \d\d:\d\d:\d\d", START_DEADLINE)
+        page.get_by_text("Bank health", exact=True).first.click()  # the first tab is Learning
         page.locator("canvas").first.wait_for(timeout=60_000)
         # The live target is for a page that is up: its first round of plots takes several seconds to read
         # and draw here (on 2 cores, writes timed during it reached the page after 2-3 s, and within 0.9 s
@@ -226,6 +227,7 @@ def test_missing_run_then_run_without_pseudo_labels_show_messages(
         page, errors = _open(browser, url)
         _wait_text(page, r"does not exist \(yet\)", START_DEADLINE)
         page.screenshot(path=str(artifacts_dir / "dashboard-missing-run.png"), full_page=True)
+        page.get_by_text("Bank health", exact=True).first.click()  # the first tab is Learning
 
         # The run appears, with a bank that has embeddings but no pseudo labels.
         keys, cols = nodes(500, 10)
@@ -302,6 +304,7 @@ def test_page_stays_responsive_over_many_plot_refreshes_and_shows_new_data(
     with _serve(writing_big_run, tmp_path / "panel.log", plot_refresh=PLOT_REFRESH) as url:
         page, errors = _open(browser, url)
         _wait_text(page, r"refreshed \d\d:\d\d:\d\d", START_DEADLINE)
+        page.get_by_text("Bank health", exact=True).first.click()  # the first tab is Learning
         page.locator("canvas").first.wait_for(timeout=60_000)
         deadline = time.monotonic() + 120  # the first plot refresh of a 100,000-row bank, on a shared machine
         while page.evaluate(_POINTS, "health-rates/bank_lookups") < 1 and time.monotonic() < deadline:
