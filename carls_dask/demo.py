@@ -105,6 +105,7 @@ def run_demo(run_dir: pathlib.Path | None = None, dataset: str = "cora", steps: 
     out.write(
         f"demo: finished in {elapsed:.0f} s\n"
         f"  dashboard:  carls-dask dashboard {run_dir}\n"
+        f"  report:     carls-dask report {run_dir} -o {run_dir / 'report.html'}\n"
         f"  bank:       carls-dask bank inspect {run_dir / 'bank'}\n"
         f"  in Python:  carls_dask.open_bank('{run_dir / 'bank'}', table='nodes')  /  carls_dask.open_metrics('{run_dir / 'metrics.zarr'}')\n"
         f"  continue:   carls-dask run --resume {run_dir} --steps N\n"

@@ -199,6 +199,8 @@ class Dashboard(pn.viewable.Viewer):
         self._use_run(self.reader, index)
         self.status = pn.pane.Markdown("", sizing_mode="stretch_width")
         self.tabs = pn.Tabs(dynamic=True, sizing_mode="stretch_width")  # only the visible tab is rendered in the browser
+        #: Titles of the tabs shown, in order.
+        self.tab_names: list[str] = []
         self._sync_tabs()
         self._slow_task: asyncio.Future[None] | None = None
         self._fast_task: asyncio.Future[None] | None = None
@@ -246,10 +248,11 @@ class Dashboard(pn.viewable.Viewer):
         """Show the tabs whose views apply (call where the page may change); keeps the tab the user is on."""
         wanted = self._tab_list()
         names = [t for t, _ in wanted]
-        if not force and names == list(self.tabs._names):
+        if not force and names == self.tab_names:
             return
-        active = self.tabs._names[self.tabs.active] if self.tabs._names and self.tabs.active < len(self.tabs._names) else None
+        active = self._active_tab()
         self.tabs[:] = wanted
+        self.tab_names = names
         self.tabs.active = names.index(active) if active in names else 0
 
     def _check(self, view: RunView) -> bool:
@@ -360,7 +363,7 @@ class Dashboard(pn.viewable.Viewer):
         self.plot_refreshes += 1
 
     def _active_tab(self) -> str | None:
-        names = self.tabs._names
+        names = self.tab_names
         return names[self.tabs.active] if names and 0 <= self.tabs.active < len(names) else None
 
     async def _refresh_learning(self, doc: Document | None, everything: bool = True) -> None:
@@ -370,7 +373,7 @@ class Dashboard(pn.viewable.Viewer):
         second while another tab shows would load the machine for nothing).
         """
         active = self._active_tab()
-        if everything or active == "Learning" or "Learning" not in self.tabs._names:
+        if everything or active == "Learning" or "Learning" not in self.tab_names:
             await self._read_view(doc, self._current, self._current.learning)
         if self.comparison is not None and (everything or active == "Comparison"):
             comparison = self.comparison

@@ -85,23 +85,3 @@ def test_signal_to_dashboard_closes_its_port_and_leaves_no_process(
         _assert_stops(proc, port, sig, log)
     finally:
         stop_process(proc, group=True)
-
-
-@pytest.mark.ui
-def test_sigterm_stops_the_dashboard_while_a_page_is_open_and_reading(run: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api")
-    log = tmp_path / "dashboard.log"
-    proc, port = _start(run, log)
-    try:
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--headless", "--no-sandbox", "--disable-gpu"])
-            try:
-                page = browser.new_page()
-                page.goto(f"http://127.0.0.1:{port}/app", timeout=START_DEADLINE * 1000)
-                page.get_by_text("bank rows").first.wait_for(timeout=START_DEADLINE * 1000)
-                page.wait_for_timeout(3000)  # periodic reads of the run under way
-                _assert_stops(proc, port, signal.SIGTERM, log)
-            finally:
-                browser.close()
-    finally:
-        stop_process(proc, group=True)

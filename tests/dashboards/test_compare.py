@@ -90,7 +90,7 @@ def test_comparison_tab_overlays_one_curve_per_chosen_run(runs: pathlib.Path) ->
     d = Dashboard(runs)
     d.refresh()
     view = d.comparison
-    assert view is not None and d.tabs._names[0] == "Comparison"
+    assert view is not None and d.tab_names[0] == "Comparison"
     assert not view._error.visible, view._error.object
     assert list(view.metrics.value) == ["trainer.test_acc", "trainer.loss"]
     labels = ["bank+pseudo seed 0", "bank+pseudo seed 1", "base seed 0"]

@@ -191,11 +191,11 @@ def test_learning_tab_only_for_runs_with_learning_series(tmp_path: pathlib.Path)
     _writer_run(tmp_path, range(1, 4), pacing=lambda s: s / 10)
     d = Dashboard(tmp_path)
     d.refresh()
-    assert not d.learning.applies() and "Learning" not in d.tabs._names and "Bank health" in d.tabs._names
+    assert not d.learning.applies() and "Learning" not in d.tab_names and "Bank health" in d.tab_names
     with MetricWriter(tmp_path / "metrics.zarr", run="learning") as w:
         w.append(5, **{"trainer.loss": 0.5})
     d.refresh()
-    assert d.learning.applies() and d.tabs._names[0] == "Learning"
+    assert d.learning.applies() and d.tab_names[0] == "Learning"
 
 
 # ---------------------------------------------------------------------------- which runs
@@ -227,7 +227,7 @@ def test_dashboard_takes_a_run_a_reader_a_list_or_a_folder_of_runs(tmp_path: pat
     assert Dashboard(reader=RunReader(tmp_path / "runs" / "r2")).reader.path == tmp_path / "runs" / "r2"
     many = Dashboard(str(tmp_path / "runs"))
     assert [r.path.name for r in many.readers] == ["r1", "r2"] and many.comparison is not None
-    assert many.tabs._names[0] == "Comparison"
+    assert many.tab_names[0] == "Comparison"
     mixed = Dashboard([RunReader(tmp_path / "runs" / "r2"), tmp_path / "runs" / "r1"])
     assert [r.path.name for r in mixed.readers] == ["r2", "r1"]
     many.run_select.value = 1  # the run tabs follow the chosen run
@@ -315,7 +315,7 @@ wb.stop(timeout=60)
 wb.close()
 client.close()
 cluster.close()
-print(json.dumps({"before": before, "after": after, "tabs": list(dash.tabs._names)}))
+print(json.dumps({"before": before, "after": after, "tabs": dash.tab_names}))
 """,
 ]
 

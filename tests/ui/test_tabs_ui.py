@@ -93,8 +93,10 @@ def _check_every_tab(browser: Browser, run: pathlib.Path, tmp_path: pathlib.Path
     with serve_dashboard([run], tmp_path / "panel.log") as url:
         page, errors = open_page(browser, url, width=PAGE_WIDTH)
         page.get_by_text("Bank health", exact=True).first.wait_for(timeout=400_000)
-        page.wait_for_timeout(1000)
-        shown = _tabs(page)
+        # A tab appears once its view has read the run and found what it plots (the first read of each view).
+        deadline = time.monotonic() + DRAW_DEADLINE
+        while set(shown := _tabs(page)) != expected and time.monotonic() < deadline:
+            page.wait_for_timeout(500)
         assert set(shown) == expected, f"tabs of the {name} run: {shown}; expected {sorted(expected)}"
         for tab in shown:
             page.get_by_text(tab, exact=True).first.click()
