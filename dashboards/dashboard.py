@@ -216,6 +216,10 @@ class Dashboard(pn.viewable.Viewer):
         views = self._run_views.get(index)
         if views is None:
             views = self._run_views[index] = _RunViews(reader)  # type: ignore[arg-type]
+            # Which views apply is known from the run's manifest and metric index (cheap), so a run that
+            # has its data already gets its tabs at once: a tab added later re-renders the tab bar.
+            for title, attr in RUN_TABS:
+                views.applies[title] = self._check(getattr(views, attr))
         self._current = views
         self.learning = views.learning
         self.health = views.health
@@ -308,7 +312,11 @@ class Dashboard(pn.viewable.Viewer):
         if doc is not None and doc.session_context is not None:
 
             def run() -> None:
+                t0 = time.perf_counter()
                 job()
+                took = time.perf_counter() - t0
+                if took > 0.1:  # the page waited for it: worth knowing when a page feels slow
+                    logger.debug("page update %s held the event loop %.3f s", getattr(job, "__qualname__", job), took)
 
             doc.add_next_tick_callback(run)
         else:

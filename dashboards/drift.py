@@ -158,11 +158,14 @@ def neighbour_churn(
     k: int = 10,
     queries: int = 500,
     column_name: str = "embedding",
+    candidates: int = 20_000,
 ) -> float:
     """Fraction of the ``k`` nearest neighbours that changed between two snapshots.
 
-    Neighbours are searched among the rows both snapshots share; the same query rows (a stable
-    sample of the shared keys) are used in both. 0 means identical neighbourhoods, 1 means none kept.
+    Neighbours are searched among the rows both snapshots share (a stable sample of ``candidates`` of
+    them in a bigger table, so the cost stops growing with the table: the same rows in both
+    snapshots, and in every later pair); the same query rows (a stable sample of those) are used in
+    both. 0 means identical neighbourhoods, 1 means none kept.
 
     Returns
     -------
@@ -172,6 +175,8 @@ def neighbour_churn(
     keys, ia, ib = common_rows(before, after)
     if keys.size <= k:
         return float("nan")
+    rows = stable_sample(keys, candidates)
+    keys, ia, ib = keys[rows], ia[rows], ib[rows]
     a = _matrix(before, column_name)[ia]
     b = _matrix(after, column_name)[ib]
     q = stable_sample(keys, queries)

@@ -137,3 +137,13 @@ def test_projection_of_a_rotated_bank_stays_put() -> None:
     np.testing.assert_allclose(second["x"].values, first["x"].values, atol=1e-4)
     np.testing.assert_allclose(second["y"].values, first["y"].values, atol=1e-4)
     assert (second["label"].values == -1).all()
+
+
+def test_neighbour_churn_of_a_big_table_is_measured_among_a_stable_sample_of_its_rows() -> None:
+    before, after = _table(n=600, seed=1), _table(n=600, seed=2)
+    rows = stable_sample(np.asarray(before["key"].values), 250)
+    # the sampled measure is the full measure of the sampled rows (the same rows in both snapshots)
+    assert neighbour_churn(before, after, k=5, queries=50, candidates=250) == pytest.approx(
+        neighbour_churn(before.isel(key=rows), after.isel(key=rows), k=5, queries=50)
+    )
+    assert neighbour_churn(before, after, k=5, queries=50, candidates=600) == neighbour_churn(before, after, k=5, queries=50)
