@@ -147,8 +147,9 @@ def _inline_document(page: pn.viewable.Viewable) -> Document:
     doc = Document()
     root = page.get_root(doc, Comm())
     add_to_doc(root, doc, True)
-    for model in root.select({"type": UIElement}):
-        patch_inline_stylesheets(model)
+    with doc.models.freeze():  # one recount of the document's models, not one per stylesheet replaced
+        for model in root.select({"type": UIElement}):
+            patch_inline_stylesheets(model)
     linked = sorted({str(s.url) for s in doc.select({"type": ImportedStyleSheet}) if isinstance(s, ImportedStyleSheet)})
     if linked:
         raise RuntimeError(f"report: components link stylesheets {linked}; expected every stylesheet inlined")
