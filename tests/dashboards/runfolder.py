@@ -81,6 +81,21 @@ def write_snapshot(bank: pathlib.Path, step: int, keys: np.ndarray, columns: dic
     commit_snapshot(handle)
 
 
+def write_with_label_table(bank: pathlib.Path, step: int, node_columns: dict[str, np.ndarray],
+                           keys: np.ndarray, labelled: np.ndarray, labels: dict[str, np.ndarray]) -> None:
+    """Commit one snapshot with table ``nodes`` (``node_columns`` for ``keys``) and table ``pseudo_labels``
+    (``labels`` for the ``labelled`` keys), laid out as the semi-supervised paradigm keeps its pseudo labels."""
+    node_states = shard_states(keys, node_columns, model_step=step)
+    label_states = shard_states(labelled, labels, model_step=step)
+    handle = begin_snapshot(bank, step)
+    for nodes_state, labels_state in zip(node_states, label_states, strict=True):
+        meta = nodes_state["meta"]
+        meta["tables"]["pseudo_labels"] = labels_state["meta"]["tables"]["nodes"] | {"name": "pseudo_labels"}  # type: ignore[index]
+        nodes_state["tables"]["pseudo_labels"] = labels_state["tables"]["nodes"]  # type: ignore[index]
+        write_shard(handle, nodes_state, delta_seq=0)
+    commit_snapshot(handle)
+
+
 def nodes(n: int, step: int, d: int = 8, classes: int = 3, seed: int = 0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """``n`` rows of a three-cluster table whose embeddings drift a little with ``step``."""
     rng = np.random.default_rng(seed)

@@ -16,7 +16,13 @@ from carls_dask.dashboards.runreader import RunReader
 from carls_dask.dashboards.views import CurriculumView, DriftView, HealthView, PseudoLabelView
 from carls_dask.storage.metrics import MetricWriter
 from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
-from tests.dashboards.runfolder import nodes, shard_states, write_snapshot, write_truth
+from tests.dashboards.runfolder import (
+    nodes,
+    shard_states,
+    write_snapshot,
+    write_truth,
+    write_with_label_table,
+)
 
 
 def _semi_like(path: pathlib.Path, n: int = 600, steps: tuple[int, ...] = (10, 20, 30)) -> pathlib.Path:
@@ -31,18 +37,8 @@ def _semi_like(path: pathlib.Path, n: int = 600, steps: tuple[int, ...] = (10, 2
         truth = keys % 3
         logits = np.eye(3, dtype=np.float32)[(truth + (keys % 11 == 0)) % 3]  # a few wrong predictions
         labelled = keys[cols["pseudo_label"] >= 0]
-        node_states = shard_states(keys, {"embedding": cols["embedding"], "logits": logits}, model_step=step)
-        label_states = shard_states(
-            labelled, {"pseudo_label": cols["pseudo_label"][labelled], "confidence": cols["confidence"][labelled]},
-            model_step=step,
-        )
-        handle = begin_snapshot(path / "bank", step)
-        for nodes_state, labels_state in zip(node_states, label_states, strict=True):
-            meta = nodes_state["meta"]
-            meta["tables"]["pseudo_labels"] = labels_state["meta"]["tables"]["nodes"] | {"name": "pseudo_labels"}  # type: ignore[index]
-            nodes_state["tables"]["pseudo_labels"] = labels_state["tables"]["nodes"]  # type: ignore[index]
-            write_shard(handle, nodes_state, delta_seq=0)
-        commit_snapshot(handle)
+        labels = {"pseudo_label": cols["pseudo_label"][labelled], "confidence": cols["confidence"][labelled]}
+        write_with_label_table(path / "bank", step, {"embedding": cols["embedding"], "logits": logits}, keys, labelled, labels)
     write_truth(path, n)
     with MetricWriter(path / "metrics.zarr", run="semi-like") as w:
         for i, step in enumerate(steps):

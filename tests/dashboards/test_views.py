@@ -256,22 +256,12 @@ def test_threshold_change_judges_the_shown_rows_again_without_reading_the_run(tm
 
 
 def test_pseudo_labels_kept_in_a_table_of_their_own_are_found(tmp_path: pathlib.Path) -> None:
-    from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
-    from tests.dashboards.runfolder import shard_states
+    from tests.dashboards.runfolder import write_with_label_table
 
     keys, cols = nodes(400, 10)
     labelled = keys[keys % 5 != 0]
-    node_states = shard_states(keys, {"embedding": cols["embedding"]}, model_step=10)
-    label_states = shard_states(
-        labelled, {"pseudo_label": cols["pseudo_label"][labelled], "confidence": cols["confidence"][labelled]}, model_step=10
-    )
-    handle = begin_snapshot(tmp_path / "bank", 10)
-    for nodes_state, labels_state in zip(node_states, label_states, strict=True):
-        meta = nodes_state["meta"]
-        meta["tables"]["pseudo_labels"] = labels_state["meta"]["tables"]["nodes"] | {"name": "pseudo_labels"}  # type: ignore[index]
-        nodes_state["tables"]["pseudo_labels"] = labels_state["tables"]["nodes"]  # type: ignore[index]
-        write_shard(handle, nodes_state, delta_seq=0)
-    commit_snapshot(handle)
+    labels = {"pseudo_label": cols["pseudo_label"][labelled], "confidence": cols["confidence"][labelled]}
+    write_with_label_table(tmp_path / "bank", 10, {"embedding": cols["embedding"]}, keys, labelled, labels)
     write_truth(tmp_path, 400)
 
     view = PseudoLabelView(reader=RunReader(tmp_path))  # the reader's table is "nodes"

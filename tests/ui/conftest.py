@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -56,6 +57,42 @@ def open_page(browser: Browser, url: str, *, offline: bool = False, width: int =
     page.on("requestfailed", lambda req: errors.append(f"request failed: {req.url}"))
     page.goto(url, timeout=START_DEADLINE * 1000)
     return page, errors
+
+
+#: Points of a line in the page: the ColumnDataSource named FIGURE/LINE in its Bokeh documents (-1 when absent).
+POINTS_JS = """(name) => {
+  for (const doc of (window.Bokeh ? Bokeh.documents : [])) {
+    const m = doc.get_model_by_name(name);
+    if (m) return m.data.x.length;
+  }
+  return -1;
+}"""
+
+_ALL_TEXT = """() => {
+  const out = [];
+  const walk = (root) => {
+    for (const el of root.querySelectorAll('*')) {
+      if (el.shadowRoot) walk(el.shadowRoot);
+      if (el.children.length === 0 && el.textContent.trim()) out.push(el.textContent.trim());
+    }
+  };
+  walk(document);
+  return out;
+}"""
+
+
+def page_texts(page: Page) -> list[str]:
+    """Text of every leaf element, through the shadow roots Panel renders into."""
+    return list(page.evaluate(_ALL_TEXT))
+
+
+def wait_text(page: Page, pattern: str, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for text matching ``pattern``; the failure lists what the page shows."""
+    try:
+        page.get_by_text(re.compile(pattern)).first.wait_for(timeout=timeout * 1000)
+    except Exception as exc:
+        shown = [s for s in page_texts(page) if len(s) < 200][:80]
+        raise AssertionError(f"{pattern!r} not on the page after {timeout} s; the page shows {shown}") from exc
 
 
 @contextlib.contextmanager
@@ -113,3 +150,31 @@ def semi_runs(tmp_path_factory: pytest.TempPathFactory) -> list[pathlib.Path]:
 def curriculum_run(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """A small real curriculum run (in process, deterministic)."""
     return _inline_run(tmp_path_factory.mktemp("curriculum-run"), "curriculum", "curriculum", 0, RUN_STEPS * 2)
+
+
+def start_writer(tmp_path: pathlib.Path, *args: str) -> tuple[pathlib.Path, subprocess.Popen[bytes]]:
+    """Start ``python -m tests.dashboards.runfolder`` writing ``tmp_path/run`` (a metric row and a bank delta
+    every 0.7 s, snapshots now and then; ``args`` go to it); returns the run folder and the process once it wrote."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.dashboards.runfolder", str(run), "--period", "0.7", *args],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp_path / "writer.log").open("wb"),
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    deadline = time.monotonic() + 120
+    while not (run / "writer.progress").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_process(proc)
+            raise AssertionError(f"the run writer wrote nothing (status {proc.returncode}): {(tmp_path / 'writer.log').read_text()[-3000:]}")
+        time.sleep(0.2)
+    return run, proc
+
+
+@pytest.fixture
+def writing_run(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A run being written (see :func:`start_writer`), stopped after the test."""
+    run, proc = start_writer(tmp_path)
+    try:
+        yield run
+    finally:
+        stop_process(proc)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
 import pathlib
 import re
 import statistics
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -20,54 +17,24 @@ import numpy as np
 import pytest
 
 pytest.importorskip("playwright")
-from playwright.sync_api import Browser, ConsoleMessage, Page
+from playwright.sync_api import Browser, Page
 
 from tests.dashboards.runfolder import nodes, write_snapshot
-from tests.processes import free_port, stop_process
+from tests.processes import stop_process
+from tests.ui.conftest import (
+    POINTS_JS,
+    START_DEADLINE,
+    open_page,
+    page_texts,
+    serve_dashboard,
+    start_writer,
+    wait_text,
+)
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]
-START_DEADLINE = 400.0  # seconds for the server to answer and the page to draw (2 shared cores, cold imports)
 #: Seconds a served page is given to read and draw its first round of plots before live updates are timed.
 PAGE_SETTLE_S = 10
-
-
-@contextlib.contextmanager
-def _serve(run: pathlib.Path, log: pathlib.Path, plot_refresh: str | None = None) -> Iterator[str]:
-    port = free_port()
-    env = dict(os.environ, DASK_CARLS__DASHBOARD__REFRESH="0.5s", PYTHONPATH=str(ROOT))
-    if plot_refresh is not None:
-        env["DASK_CARLS__DASHBOARD__PLOT_REFRESH"] = plot_refresh
-    cmd = [
-        sys.executable, "-m", "panel", "serve", str(ROOT / "dashboards" / "app.py"),
-        "--address", "127.0.0.1", "--port", str(port), "--allow-websocket-origin", f"127.0.0.1:{port}",
-        "--liveness", "--args", str(run),
-    ]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}/app"
-    try:
-        deadline = time.monotonic() + START_DEADLINE
-        while True:
-            assert proc.poll() is None, f"panel serve exited with {proc.returncode}: {log.read_text()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/liveness", timeout=5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"panel serve did not answer in {START_DEADLINE} s: {log.read_text()[-3000:]}") from None
-                time.sleep(0.5)
-        yield url
-    finally:
-        stop_process(proc, group=True)  # the server and anything it started
 
 
 @pytest.fixture(scope="module")
@@ -76,85 +43,19 @@ def browser(chromium: Browser) -> Browser:
     return chromium
 
 
-def _open(browser: Browser, url: str) -> tuple[Page, list[str]]:
-    page = browser.new_page(viewport={"width": 1400, "height": 1100})
-    errors: list[str] = []
-
-    def on_console(msg: ConsoleMessage) -> None:
-        if msg.type == "error":
-            errors.append(msg.text)
-
-    page.on("console", on_console)
-    page.on("pageerror", lambda exc: errors.append(f"page error: {exc}"))
-    page.on("requestfailed", lambda req: errors.append(f"request failed: {req.url}"))
-    page.goto(url, timeout=START_DEADLINE * 1000)
-    return page, errors
-
-
-_ALL_TEXT = """() => {
-  const out = [];
-  const walk = (root) => {
-    for (const el of root.querySelectorAll('*')) {
-      if (el.shadowRoot) walk(el.shadowRoot);
-      if (el.children.length === 0 && el.textContent.trim()) out.push(el.textContent.trim());
-    }
-  };
-  walk(document);
-  return out;
-}"""
-
-
-def _texts(page: Page) -> list[str]:
-    """Text of every leaf element, through the shadow roots Panel renders into."""
-    return list(page.evaluate(_ALL_TEXT))
-
-
 def _bank_rows(page: Page) -> int:
     """The "bank rows" figure as the page shows it (-1 when it is not drawn yet)."""
-    texts = _texts(page)
+    texts = page_texts(page)
     for label, value in itertools.pairwise(texts):
         if label == "bank rows":
             return int(value.replace(",", ""))
     return -1
 
 
-def _wait_text(page: Page, pattern: str, timeout: float) -> None:
-    try:
-        page.get_by_text(re.compile(pattern)).first.wait_for(timeout=timeout * 1000)
-    except Exception as exc:
-        shown = [s for s in _texts(page) if len(s) < 200][:80]
-        raise AssertionError(f"{pattern!r} not on the page after {timeout} s; the page shows {shown}") from exc
-
-
-def _start_writer(tmp_path: pathlib.Path, *args: str) -> tuple[pathlib.Path, subprocess.Popen[bytes]]:
-    run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.dashboards.runfolder", str(run), "--period", "0.7", *args],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp_path / "writer.log").open("wb"),
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
-    progress = run / "writer.progress"
-    deadline = time.monotonic() + 120
-    while not progress.exists():
-        assert proc.poll() is None, (tmp_path / "writer.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "the run writer wrote nothing in 120 s"
-        time.sleep(0.2)
-    return run, proc
-
-
-@pytest.fixture
-def writing_run(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
-    run, proc = _start_writer(tmp_path)
-    try:
-        yield run
-    finally:
-        stop_process(proc)
-
-
 @pytest.fixture
 def writing_big_run(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
     """A run writing a 100,000-row bank (snapshots every 4 writes) and a metric row per write."""
-    run, proc = _start_writer(tmp_path, "--start-rows", "100000", "--snapshot-every", "4")
+    run, proc = start_writer(tmp_path, "--start-rows", "100000", "--snapshot-every", "4")
     try:
         yield run
     finally:
@@ -164,9 +65,9 @@ def writing_big_run(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
 def test_live_run_renders_and_shows_new_bank_writes_within_2s(
     browser: Browser, writing_run: pathlib.Path, tmp_path: pathlib.Path, artifacts_dir: pathlib.Path
 ) -> None:
-    with _serve(writing_run, tmp_path / "panel.log") as url:
-        page, errors = _open(browser, url)
-        _wait_text(page, r"refreshed \d\d:\d\d:\d\d", START_DEADLINE)
+    with serve_dashboard([writing_run], tmp_path / "panel.log") as url:
+        page, errors = open_page(browser, url, width=1400)
+        wait_text(page, r"refreshed \d\d:\d\d:\d\d", START_DEADLINE)
         page.get_by_text("Bank health", exact=True).first.click()  # the first tab is Learning
         page.locator("canvas").first.wait_for(timeout=60_000)
         # The live target is for a page that is up: its first round of plots takes several seconds to read
@@ -202,12 +103,12 @@ def test_live_run_renders_and_shows_new_bank_writes_within_2s(
             page.get_by_text(tab, exact=True).first.click()
             page.wait_for_timeout(1500)
             if tab == "Pseudo labels":
-                _wait_text(page, r"precision", 10)
+                wait_text(page, r"precision", 10)
             if tab == "Embedding drift":  # the drift curves get points once two snapshots are read
                 deadline = time.monotonic() + 60
-                while page.evaluate(_POINTS, "drift-l2/mean") < 1 and time.monotonic() < deadline:
+                while page.evaluate(POINTS_JS, "drift-l2/mean") < 1 and time.monotonic() < deadline:
                     page.wait_for_timeout(250)
-                assert page.evaluate(_POINTS, "drift-l2/mean") >= 1, "no drift curve on the page after 60 s"
+                assert page.evaluate(POINTS_JS, "drift-l2/mean") >= 1, "no drift curve on the page after 60 s"
             name = tab.lower().replace(" ", "-")
             page.screenshot(path=str(artifacts_dir / f"dashboard-{name}.png"), full_page=True)
         assert page.locator("canvas").count() >= 4
@@ -219,16 +120,16 @@ def test_missing_run_then_run_without_pseudo_labels_show_messages(
     browser: Browser, tmp_path: pathlib.Path, artifacts_dir: pathlib.Path
 ) -> None:
     run = tmp_path / "later"
-    with _serve(run, tmp_path / "panel.log") as url:
-        page, errors = _open(browser, url)
-        _wait_text(page, r"does not exist \(yet\)", START_DEADLINE)
+    with serve_dashboard([run], tmp_path / "panel.log") as url:
+        page, errors = open_page(browser, url, width=1400)
+        wait_text(page, r"does not exist \(yet\)", START_DEADLINE)
         page.screenshot(path=str(artifacts_dir / "dashboard-missing-run.png"), full_page=True)
         page.get_by_text("Bank health", exact=True).first.click()  # the first tab is Learning
 
         # The run appears, with a bank that has embeddings but no pseudo labels.
         keys, cols = nodes(500, 10)
         write_snapshot(run / "bank", 10, keys, {"embedding": cols["embedding"], "difficulty": np.asarray(cols["difficulty"])})
-        _wait_text(page, r"^500$", 30)
+        wait_text(page, r"^500$", 30)
         # Tabs follow what the run has: drift (an embedding column) and curriculum (difficulty), no pseudo labels.
         page.get_by_text("Embedding drift", exact=True).first.wait_for(timeout=60_000)
         page.get_by_text("Curriculum", exact=True).first.wait_for(timeout=60_000)
@@ -238,14 +139,6 @@ def test_missing_run_then_run_without_pseudo_labels_show_messages(
         assert errors == [], f"browser console errors: {errors}"
         page.close()
 
-
-_POINTS = """(name) => {
-  for (const doc of (window.Bokeh ? Bokeh.documents : [])) {
-    const m = doc.get_model_by_name(name);
-    if (m) return m.data.x.length;
-  }
-  return -1;
-}"""
 
 # Moves the pseudo-label threshold slider as a user would: the browser sends the new value to the
 # server, which recomputes the quality figures and sends back the summary text.
@@ -304,19 +197,19 @@ def test_page_stays_responsive_over_many_plot_refreshes_and_shows_new_data(
     browser sends it, the server recomputes, the page shows the new summary). Rebuilding the figures
     on the event loop at every refresh (seconds on this machine) fails both bounds.
     """
-    with _serve(writing_big_run, tmp_path / "panel.log", plot_refresh=PLOT_REFRESH) as url:
-        page, errors = _open(browser, url)
-        _wait_text(page, r"refreshed \d\d:\d\d:\d\d", START_DEADLINE)
+    with serve_dashboard([writing_big_run], tmp_path / "panel.log", DASK_CARLS__DASHBOARD__PLOT_REFRESH=PLOT_REFRESH) as url:
+        page, errors = open_page(browser, url, width=1400)
+        wait_text(page, r"refreshed \d\d:\d\d:\d\d", START_DEADLINE)
         page.get_by_text("Bank health", exact=True).first.click()  # the first tab is Learning
         page.locator("canvas").first.wait_for(timeout=60_000)
         deadline = time.monotonic() + 120  # the first plot refresh of a 100,000-row bank, on a shared machine
-        while page.evaluate(_POINTS, "health-rates/bank_lookups") < 1 and time.monotonic() < deadline:
+        while page.evaluate(POINTS_JS, "health-rates/bank_lookups") < 1 and time.monotonic() < deadline:
             page.wait_for_timeout(250)
         rows_before = _bank_rows(page)
-        points_before = int(page.evaluate(_POINTS, "health-rates/bank_lookups"))
+        points_before = int(page.evaluate(POINTS_JS, "health-rates/bank_lookups"))
         assert rows_before > 0 and points_before > 0, (rows_before, points_before)
         page.get_by_text("Pseudo labels", exact=True).first.click()
-        _wait_text(page, r"labelled rows \d+ of", 60)
+        wait_text(page, r"labelled rows \d+ of", 60)
 
         liveness: list[float] = []
         stop = threading.Event()
@@ -333,7 +226,7 @@ def test_page_stays_responsive_over_many_plot_refreshes_and_shows_new_data(
                     break
                 t0 = time.perf_counter()
                 assert page.evaluate(_SET_THRESHOLD, k / 100), "no threshold slider on the page"
-                _wait_text(page, rf"at confidence >= {k / 100:.2f}", 30)
+                wait_text(page, rf"at confidence >= {k / 100:.2f}", 30)
                 round_trips.append(time.perf_counter() - t0)
                 table_sizes.append(_labelled_of(page))
                 page.wait_for_timeout(500)
@@ -345,9 +238,9 @@ def test_page_stays_responsive_over_many_plot_refreshes_and_shows_new_data(
         # Back on the first tab: the bank grew and the rate plot got the new metric rows.
         page.get_by_text("Bank health", exact=True).first.click()
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and int(page.evaluate(_POINTS, "health-rates/bank_lookups")) <= points_before:
+        while time.monotonic() < deadline and int(page.evaluate(POINTS_JS, "health-rates/bank_lookups")) <= points_before:
             page.wait_for_timeout(250)
-        points_after = int(page.evaluate(_POINTS, "health-rates/bank_lookups"))
+        points_after = int(page.evaluate(POINTS_JS, "health-rates/bank_lookups"))
         rows_after = _bank_rows(page)
         page.close()
 

@@ -6,18 +6,21 @@ import json
 import os
 import pathlib
 import re
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
 pytest.importorskip("playwright")
 from playwright.sync_api import Browser, Page
 
-from tests.processes import stop_process
-from tests.ui.conftest import ROOT, START_DEADLINE, open_page, serve_dashboard
+from tests.ui.conftest import (
+    POINTS_JS,
+    START_DEADLINE,
+    open_page,
+    page_texts,
+    serve_dashboard,
+    wait_text,
+)
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]
 
@@ -25,15 +28,6 @@ pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]
 PAGE_SETTLE_S = 8
 #: The most seconds from a metric row's write to its point on the page.
 MAX_DELAY_S = 2.0
-
-# Points of a line: the ColumnDataSource named FIGURE/LINE in the page's Bokeh documents (-1 when absent).
-_POINTS = """(name) => {
-  for (const doc of (window.Bokeh ? Bokeh.documents : [])) {
-    const m = doc.get_model_by_name(name);
-    if (m) return m.data.x.length;
-  }
-  return -1;
-}"""
 
 _VISIBLE = """(name) => {
   for (const doc of (window.Bokeh ? Bokeh.documents : [])) {
@@ -51,58 +45,13 @@ _Y_SCALE = """(name) => {
   return null;
 }"""
 
-_ALL_TEXT = """() => {
-  const out = [];
-  const walk = (root) => {
-    for (const el of root.querySelectorAll('*')) {
-      if (el.shadowRoot) walk(el.shadowRoot);
-      if (el.children.length === 0 && el.textContent.trim()) out.push(el.textContent.trim());
-    }
-  };
-  walk(document);
-  return out;
-}"""
-
-
-def _texts(page: Page) -> list[str]:
-    return list(page.evaluate(_ALL_TEXT))
-
-
-def _wait_text(page: Page, pattern: str, timeout: float) -> None:
-    try:
-        page.get_by_text(re.compile(pattern)).first.wait_for(timeout=timeout * 1000)
-    except Exception as exc:
-        shown = [s for s in _texts(page) if len(s) < 200][:80]
-        raise AssertionError(f"{pattern!r} not on the page after {timeout} s; the page shows {shown}") from exc
-
-
 def _wait_points(page: Page, name: str, least: int, timeout: float) -> int:
     deadline = time.monotonic() + timeout
-    n = int(page.evaluate(_POINTS, name))
+    n = int(page.evaluate(POINTS_JS, name))
     while n < least and time.monotonic() < deadline:
         page.wait_for_timeout(50)
-        n = int(page.evaluate(_POINTS, name))
+        n = int(page.evaluate(POINTS_JS, name))
     return n
-
-
-@pytest.fixture
-def writing_run(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
-    """A run writing a metric row (``trainer.loss``, ``trainer.val_acc``, ...) and a bank delta every 0.7 s."""
-    run = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.dashboards.runfolder", str(run), "--period", "0.7"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp_path / "writer.log").open("wb"),
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not (run / "writer.progress").exists():
-            assert proc.poll() is None, (tmp_path / "writer.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the run writer wrote nothing in 120 s"
-            time.sleep(0.2)
-        yield run
-    finally:
-        stop_process(proc)
 
 
 def test_learning_tab_shows_curves_that_grow_within_2s_of_each_write(
@@ -110,7 +59,7 @@ def test_learning_tab_shows_curves_that_grow_within_2s_of_each_write(
 ) -> None:
     with serve_dashboard([writing_run], tmp_path / "panel.log") as url:
         page, errors = open_page(chromium, url)
-        _wait_text(page, r"refreshed \d\d:\d\d:\d\d", START_DEADLINE)
+        wait_text(page, r"refreshed \d\d:\d\d:\d\d", START_DEADLINE)
         assert _wait_points(page, "learning-trainer-loss/loss", 1, 60) >= 1, "no loss curve on the page after 60 s"
         for name in ("learning-trainer-eval/val_acc", "learning-maker-staleness_s/labeller"):
             assert _wait_points(page, name, 1, 30) >= 1, f"no points in {name} after 30 s"
@@ -138,7 +87,7 @@ def test_learning_tab_shows_curves_that_grow_within_2s_of_each_write(
         assert len(delays) == 4, f"saw only {len(delays)} metric writes on the page in 90 s"
         assert max(delays) <= MAX_DELAY_S, f"new metric points reached the page after {[round(d, 2) for d in delays]} s"
         page.screenshot(path=str(artifacts_dir / "dashboard-learning.png"), full_page=True)
-        assert _texts(page).count("Learning") >= 1 and page.locator("canvas").count() >= 3
+        assert page_texts(page).count("Learning") >= 1 and page.locator("canvas").count() >= 3
 
         # The log-scale toggle swaps in the figures with a log y axis (same lines, same x range).
         assert page.evaluate(_VISIBLE, "learning-trainer-loss-log") is False
@@ -159,13 +108,13 @@ def test_comparison_of_three_runs_shows_a_curve_per_run_and_mean_std_per_variant
     labels = ["bank+pseudo seed 0", "bank+pseudo seed 1", "base seed 0"]
     with serve_dashboard(semi_runs, tmp_path / "panel.log") as url:
         page, errors = open_page(chromium, url)
-        _wait_text(page, r"refreshed \d\d:\d\d:\d\d", START_DEADLINE)
-        _wait_text(page, r"Final figures: mean ± std", 60)
+        wait_text(page, r"refreshed \d\d:\d\d:\d\d", START_DEADLINE)
+        wait_text(page, r"Final figures: mean ± std", 60)
         for figure in ("compare-0", "compare-1"):  # test accuracy and loss
             for label in labels:
                 assert _wait_points(page, f"{figure}/{label}", 2, 60) >= 2, f"no curve of {label} in {figure}"
-        _wait_text(page, r"^\d\.\d+ ± \d", 30)
-        texts = _texts(page)
+        wait_text(page, r"^\d\.\d+ ± \d", 30)
+        texts = page_texts(page)
         assert "bank+pseudo" in texts and "base" in texts, texts[:80]
         assert any(re.fullmatch(r"0\.\d+ ± 0\.\d+", t) for t in texts), "no mean ± std cell in the table"
         page.screenshot(path=str(artifacts_dir / "dashboard-comparison.png"), full_page=True)
