@@ -21,6 +21,7 @@ __all__ = [
     "add_arguments",
     "add_report_arguments",
     "app_path",
+    "bind_address",
     "panel_command",
     "run",
     "run_report",
@@ -49,6 +50,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the panel serve command instead of running it")
 
 
+def bind_address(address: str | None = None, port: int | None = None) -> tuple[str, int]:
+    """The interface and port to serve on: the given ones, else ``carls.dashboard.address`` / ``port``.
+
+    Raises
+    ------
+    ConfigError
+        If the port is outside 1-65535.
+    """
+    address = str(config.get("dashboard.address", address))
+    port = int(config.get("dashboard.port", port))
+    if not 0 < port < 65536:
+        raise ConfigError(f"dashboard port {port} (--port or carls.dashboard.port) is out of range; expected 1-65535")
+    return address, port
+
+
 def panel_command(
     runs: pathlib.Path | Sequence[pathlib.Path], address: str | None = None, port: int | None = None, show: bool = False
 ) -> list[str]:
@@ -62,10 +78,7 @@ def panel_command(
     paths = [pathlib.Path(runs)] if isinstance(runs, (str, os.PathLike)) else [pathlib.Path(r) for r in runs]
     if not paths:
         raise ConfigError("dashboard: no run folder given; expected at least one RUN")
-    address = str(config.get("dashboard.address", address))
-    port = int(config.get("dashboard.port", port))
-    if not 0 < port < 65536:
-        raise ConfigError(f"dashboard port {port} (--port or carls.dashboard.port) is out of range; expected 1-65535")
+    address, port = bind_address(address, port)
     cmd = [
         sys.executable, "-m", "panel", "serve", str(app_path()),
         "--address", address, "--port", str(port),
@@ -87,12 +100,13 @@ def run(args: argparse.Namespace) -> int:
     """
     from carls_dask.dashboards.runs import find_runs
 
-    runs = find_runs(args.run_paths)
-    cmd = panel_command(runs, args.address, args.port, args.show)
+    bind_address(args.address, args.port)  # settings are refused before the runs are looked at
     env = dict(os.environ)
     if args.refresh is not None:
         config.get_seconds("dashboard.refresh", args.refresh)  # validate before starting the server
         env["DASK_CARLS__DASHBOARD__REFRESH"] = str(args.refresh)
+    runs = find_runs(args.run_paths)
+    cmd = panel_command(runs, args.address, args.port, args.show)
     if args.dry_run:
         sys.stdout.write(" ".join(cmd) + "\n")
         return 0

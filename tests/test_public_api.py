@@ -30,7 +30,7 @@ PUBLIC = {
         "read_bank", "read_manifest", "read_snapshot", "replay", "write_shard",
     ],
     "carls_dask.dashboards": ["Dashboard", "RunReader"],
-    "carls_dask.dashboards.views": ["CurriculumView", "DriftView", "HealthView", "PseudoLabelView"],
+    "carls_dask.dashboards.views": ["CompareView", "CurriculumView", "DriftView", "HealthView", "LearningView", "PseudoLabelView"],
     "carls_dask.paradigms": [],
     "carls_dask.paradigms.data": [],
     "carls_dask.paradigms.multimodal": [],

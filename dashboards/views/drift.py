@@ -319,7 +319,7 @@ class DriftView(RunView):
         rows = rows[np.argsort(codes[rows], kind="stable")]  # the legend lists the categories in order, "none" first
         c = codes[rows]
         palette = np.asarray([*hexes, plots.NONE_COLOUR])
-        names_none = np.asarray([*names, "none"], dtype=object)
+        names_none = np.asarray([*(str(n) for n in names), "none"], dtype=str)
         pts: dict[str, object] = {
             "x": proj["x"].values[rows], "y": proj["y"].values[rows],
             "colour": palette[np.where(c >= 0, c, len(hexes))].tolist(),
