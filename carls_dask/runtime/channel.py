@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import CancelledError
 from typing import Any, Protocol
 
 __all__ = ["LocalModelChannel", "ModelChannel", "ModelChannelLike", "ModelVersion", "to_cpu_state"]
@@ -208,7 +209,14 @@ class ModelChannel:
             return None
         if self._seen is None or self._seen[0].version < record.version:
             future = self._variable("data").get(timeout=60.0)
-            version, payload = future.result(timeout=60.0)
+            try:
+                version, payload = future.result(timeout=60.0)
+            except CancelledError as exc:
+                # The payload died with the worker holding it; the publisher (restarted from its saved
+                # state) publishes again, so the reader keeps the version it has until then.
+                logger.warning("model channel %s: version %d was lost with its worker (%s); keeping version %s",
+                               self.variable_name, record.version, exc, self._seen[0].version if self._seen else None)
+                return self._seen if self._seen is not None and self._seen[0].version > newer_than else None
             self._seen = (version, payload)
         return self._seen
 
