@@ -196,6 +196,16 @@ class RunReader:
         idx = self._metrics_index()
         return sorted(idx["series"]) if idx is not None else []
 
+    def has(self, column: str, series: tuple[str, ...]) -> bool:
+        """Whether a bank table has ``column``, or the metric store one of ``series`` (by name or as ``LOOP.name``).
+
+        Cheap (the newest manifest and the metric store's commit record only): what a view asks to know
+        whether the run has what it shows.
+        """
+        if any(column in cols for cols in self.tables().values()):
+            return True
+        return any(n.rpartition(".")[2] in series for n in self.series_names())
+
     # ------------------------------------------------------------------ bank
 
     def tables(self) -> dict[str, list[str]]:

@@ -108,12 +108,7 @@ class CurriculumView(RunView):
 
     def applies(self) -> bool:
         """Whether the run has a curriculum: a ``difficulty`` column in its bank or pacing / admitted series."""
-        if self.reader is None:
-            return False
-        if any("difficulty" in cols for cols in self.reader.tables().values()):
-            return True
-        wanted = (mn.PACING, mn.ADMITTED_FRACTION)
-        return any(n.rpartition(".")[2] in wanted for n in self.reader.series_names())
+        return self.reader is not None and self.reader.has("difficulty", (mn.PACING, mn.ADMITTED_FRACTION))
 
     def _layout(self) -> pn.viewable.Viewable:
         wide = {"sizing_mode": "stretch_width"}

@@ -200,12 +200,7 @@ class PseudoLabelView(RunView):
 
     def applies(self) -> bool:
         """Whether the run has pseudo labels: a ``pseudo_label`` column in a bank table, or pseudo-label series."""
-        if self.reader is None:
-            return False
-        if any("pseudo_label" in cols for cols in self.reader.tables().values()):
-            return True
-        wanted = (mn.PL_PRECISION, mn.PL_COVERAGE)
-        return any(n.rpartition(".")[2] in wanted for n in self.reader.series_names())
+        return self.reader is not None and self.reader.has("pseudo_label", (mn.PL_PRECISION, mn.PL_COVERAGE))
 
     def _layout(self) -> pn.viewable.Viewable:
         wide = {"sizing_mode": "stretch_width"}
