@@ -140,11 +140,15 @@ def label_quality(ds: xr.Dataset, truth: xr.DataArray | None = None, threshold: 
 
 
 def threshold_curve(
-    ds: xr.Dataset, truth: xr.DataArray | None = None, thresholds: np.ndarray | None = None
+    ds: xr.Dataset, truth: xr.DataArray | None = None, thresholds: np.ndarray | None = None,
+    index: QualityIndex | None = None,
 ) -> xr.Dataset:
-    """Precision and coverage as the confidence threshold sweeps ``thresholds`` (default 0, 0.05, ..., 1)."""
+    """Precision and coverage as the confidence threshold sweeps ``thresholds`` (default 0, 0.05, ..., 1).
+
+    ``index``: the :class:`QualityIndex` of ``ds`` and ``truth`` when the caller has it already.
+    """
     th = np.linspace(0.0, 1.0, 21) if thresholds is None else np.asarray(thresholds, dtype=np.float64)
-    index = QualityIndex.of(ds, truth)
+    index = QualityIndex.of(ds, truth) if index is None else index
     rows = [index.at(float(x)) for x in th]
     return xr.Dataset(
         {

@@ -120,7 +120,7 @@ class PseudoLabelView(RunView):
             acc = per_class_accuracy(ds, truth)
             if acc is not None and acc.sizes.get("class", 0):
                 self._classes.set(acc["class"].values, np.nan_to_num(acc["accuracy"].values))
-            curve = threshold_curve(ds, truth)
+            curve = threshold_curve(ds, truth, index=self._index)  # the index _judge built for these rows
             self._curve.set([series("precision", curve["precision"]), series("coverage", curve["coverage"])])
         self._update_flips()
 
