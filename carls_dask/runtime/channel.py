@@ -209,16 +209,39 @@ class ModelChannel:
             return None
         if self._seen is None or self._seen[0].version < record.version:
             future = self._variable("data").get(timeout=60.0)
-            try:
-                version, payload = future.result(timeout=60.0)
-            except CancelledError as exc:
+            got = self._gather(future, record.version)
+            if got is None:
                 # The payload died with the worker holding it; the publisher (restarted from its saved
                 # state) publishes again, so the reader keeps the version it has until then.
-                logger.warning("model channel %s: version %d was lost with its worker (%s); keeping version %s",
-                               self.variable_name, record.version, exc, self._seen[0].version if self._seen else None)
                 return self._seen if self._seen is not None and self._seen[0].version > newer_than else None
-            self._seen = (version, payload)
+            self._seen = got
         return self._seen
+
+    def _gather(self, future: Any, number: int, limit: float = 60.0) -> tuple[ModelVersion, dict[str, Any]] | None:
+        """The payload of ``future``, or ``None`` when it was lost with its worker.
+
+        Waits in one-second slices; between them the scheduler is asked who holds the payload. A
+        scattered payload whose worker died is forgotten by the scheduler, and a client that asks for
+        it afterwards would wait for it forever, so an unheld payload ends the wait at once.
+        """
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                try:
+                    version, payload = future.result(timeout=1.0)
+                    return version, payload
+                except TimeoutError:
+                    if time.monotonic() >= deadline:
+                        reason = f"not fetched within {limit:g}s"
+                    elif self._client().who_has([future]).get(future.key):
+                        continue
+                    else:
+                        reason = "no worker holds it"
+            except CancelledError as exc:
+                reason = f"cancelled: {exc}"
+            logger.warning("model channel %s: version %d was lost with its worker (%s); keeping version %s",
+                           self.variable_name, number, reason, self._seen[0].version if self._seen else None)
+            return None
 
     def delete(self) -> None:
         """Remove the channel's variables from the scheduler (the Workbench does this on close)."""

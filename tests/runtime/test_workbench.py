@@ -236,3 +236,38 @@ def test_a_publisher_run_again_continues_the_channels_versions(client: Any) -> N
     got = ModelChannel("restarted", prefix="t-restart").fetch(newer_than=3)
     assert got is not None and got[0].step == 20 and float(got[1]["w"][0]) == 1.0
     first.delete()
+
+
+def test_a_reader_keeps_its_version_when_the_newest_payload_died_with_its_worker() -> None:
+    """The worker holding the newest payload is SIGKILLed: a reader that asks for it afterwards (the
+    scheduler has forgotten the key) gets the version it had within seconds, not after a long wait."""
+    import os
+    import signal
+
+    import torch
+    from distributed import Client, LocalCluster
+
+    from carls_dask.runtime import ModelChannel
+    from tests.processes import wait_for
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        channel = ModelChannel("lost", prefix="t-lost")
+        channel.open()
+        channel.publish({"w": torch.zeros(1)}, step=10)
+        reader = ModelChannel("lost", prefix="t-lost")
+        first = reader.fetch()
+        assert first is not None and first[0].version == 1
+        channel.publish({"w": torch.ones(1)}, step=20)
+        (holder,) = client.who_has([channel._published])[channel._published.key]
+        os.kill(int(client.run(os.getpid, workers=[holder])[holder]), signal.SIGKILL)
+        wait_for(lambda: channel._published.cancelled(), "the payload forgotten", 30)
+        began = time.monotonic()
+        got = reader.fetch(newer_than=0)
+        assert time.monotonic() - began < 10
+        assert got is not None and got[0].version == 1 and float(got[1]["w"][0]) == 0.0  # the version it had
+        assert reader.fetch(newer_than=1) is None
+        channel.publish({"w": torch.full((1,), 3.0)}, step=30)  # the restarted publisher publishes again
+        again = reader.fetch(newer_than=1)
+        assert again is not None and again[0].version == 3 and float(again[1]["w"][0]) == 3.0
+        channel.delete()
