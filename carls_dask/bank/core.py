@@ -22,7 +22,6 @@ from carls_dask.bank.initializers import initial_block
 from carls_dask.bank.keyindex import KeyIndex
 from carls_dask.bank.optimizers import STEP_SLOT, apply_optimizer, initial_slots
 from carls_dask.bank.sampling import NegativeSample, order_by_frequency, sample_candidates
-from carls_dask.bank.segments import SegmentedArray
 from carls_dask.bank.schema import (
     Column,
     TableSpec,
@@ -35,6 +34,7 @@ from carls_dask.bank.schema import (
     coerce_column_values,
     unknown_table,
 )
+from carls_dask.bank.segments import SegmentedArray
 from carls_dask.bank.topk import exact_top_k
 from carls_dask.storage.errors import (
     IncompatibleStoreError,
@@ -197,11 +197,11 @@ class TableState:
         yield "bucket", self.bucket
         yield "maker", self.maker
         yield "meta", self.meta
-        for name, arr in self.cols.items():
-            yield f"col/{name}", arr
+        for name, seg in self.cols.items():
+            yield f"col/{name}", seg
         for col, slots in self.slots.items():
-            for sname, arr in slots.items():
-                yield f"slot/{col}/{sname}", arr
+            for sname, sseg in slots.items():
+                yield f"slot/{col}/{sname}", sseg
 
     def arrays(self) -> Iterable[tuple[str, np.ndarray | SegmentedArray]]:
         """Every row-aligned array (views), named as in the exported state."""
@@ -210,11 +210,11 @@ class TableState:
         yield "frequency", self.frequency
         for name, arr in self.prov.items():
             yield f"prov/{name}", arr
-        for name, arr in self.cols.items():
-            yield f"col/{name}", arr
+        for name, seg in self.cols.items():
+            yield f"col/{name}", seg
         for col, slots in self.slots.items():
-            for sname, arr in slots.items():
-                yield f"slot/{col}/{sname}", arr
+            for sname, sseg in slots.items():
+                yield f"slot/{col}/{sname}", sseg
 
     def reserve(self, needed: int) -> None:
         """Make room for ``needed`` rows in total (segmented storage grows by segments, the rest by ``growth``)."""
@@ -251,7 +251,7 @@ class TableState:
             return np.zeros(shape, dtype=col.np_dtype)
         if kind == "constant":
             return np.full(shape, scale, dtype=col.np_dtype)
-        return initial_block(kind, keys, self.seeds[col.name], col.shape, scale, col.np_dtype)
+        return initial_block(str(kind), keys, self.seeds[col.name], col.shape, scale, col.np_dtype)
 
     def ensure_slots(self, column: str) -> dict[str, SegmentedArray]:
         """Slot arrays of ``column`` (allocated on first use, the live rows given their initial slots)."""
