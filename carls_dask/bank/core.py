@@ -16,13 +16,9 @@ from typing import Any
 import numpy as np
 
 from carls_dask.bank.buffers import BufferPool
-from carls_dask.bank.hashing import (
-    bucket_of_hash,
-    mix_seed,
-    normal_from_keys,
-    splitmix64,
-    uniform_from_keys,
-)
+from carls_dask.bank.gradsum import sum_by_row
+from carls_dask.bank.hashing import bucket_of_hash, mix_seed, splitmix64
+from carls_dask.bank.initializers import initial_block
 from carls_dask.bank.keyindex import KeyIndex
 from carls_dask.bank.optimizers import STEP_SLOT, apply_optimizer, initial_slots
 from carls_dask.bank.sampling import NegativeSample, order_by_frequency, sample_candidates
@@ -38,6 +34,7 @@ from carls_dask.bank.schema import (
     coerce_column_values,
     unknown_table,
 )
+from carls_dask.bank.segments import SegmentedArray
 from carls_dask.bank.topk import exact_top_k
 from carls_dask.storage.errors import (
     IncompatibleStoreError,
@@ -142,8 +139,18 @@ def gather_rows(parts: Sequence[tuple[Any, LookupRows]], n: int, specs: Mapping[
     return LookupRows(values, meta, found).result(max_staleness)
 
 
+def _copy_rows(arr: np.ndarray | SegmentedArray, n: int) -> np.ndarray:
+    """A copy of the first ``n`` rows (a segmented array's slice is a copy already)."""
+    return arr[:n] if isinstance(arr, SegmentedArray) else arr[:n].copy()
+
+
 class TableState:
-    """Row storage of one table in one shard (arrays grow by ``growth``; row ``i < n`` is live)."""
+    """Row storage of one table in one shard (row ``i < n`` is live).
+
+    Column values and optimizer slots (``cols``, ``slots``) are :class:`~carls_dask.bank.segments.SegmentedArray`
+    s: they grow by fixed-size segments and never move old rows. The narrow per-row arrays (``meta``,
+    ``bucket``, ``maker``) are contiguous and grow by ``growth``.
+    """
 
     def __init__(self, spec: TableSpec, capacity: int, growth: float = 1.5) -> None:
         self.spec = spec
@@ -155,8 +162,8 @@ class TableState:
         # key, version, model_step, frequency and wall_time (float64 bits) side by side: the index's key
         # check and the provenance read of a lookup touch the same cache line
         self.meta = np.zeros((self.cap, 5), dtype=np.int64)
-        self.cols = {c.name: np.zeros((self.cap, *c.shape), dtype=c.np_dtype) for c in spec.columns}
-        self.slots: dict[str, dict[str, np.ndarray]] = {}
+        self.cols = {c.name: SegmentedArray(c.shape, c.np_dtype, self.cap) for c in spec.columns}
+        self.slots: dict[str, dict[str, SegmentedArray]] = {}
         self.index = KeyIndex(self.cap)
         self.seeds = {c.name: mix_seed(spec.name, c.name, spec.seed) for c in spec.columns}
         if spec.optimizer is not None:
@@ -185,57 +192,53 @@ class TableState:
             "wall_time": self.meta[:, 4].view(np.float64),
         }
 
-    def storage(self) -> Iterable[tuple[str, np.ndarray]]:
+    def storage(self) -> Iterable[tuple[str, np.ndarray | SegmentedArray]]:
         """The arrays that hold the rows (grown and moved together)."""
         yield "bucket", self.bucket
         yield "maker", self.maker
         yield "meta", self.meta
-        for name, arr in self.cols.items():
-            yield f"col/{name}", arr
+        for name, seg in self.cols.items():
+            yield f"col/{name}", seg
         for col, slots in self.slots.items():
-            for sname, arr in slots.items():
-                yield f"slot/{col}/{sname}", arr
+            for sname, sseg in slots.items():
+                yield f"slot/{col}/{sname}", sseg
 
-    def arrays(self) -> Iterable[tuple[str, np.ndarray]]:
+    def arrays(self) -> Iterable[tuple[str, np.ndarray | SegmentedArray]]:
         """Every row-aligned array (views), named as in the exported state."""
         yield "keys", self.keys
         yield "bucket", self.bucket
         yield "frequency", self.frequency
         for name, arr in self.prov.items():
             yield f"prov/{name}", arr
-        for name, arr in self.cols.items():
-            yield f"col/{name}", arr
+        for name, seg in self.cols.items():
+            yield f"col/{name}", seg
         for col, slots in self.slots.items():
-            for sname, arr in slots.items():
-                yield f"slot/{col}/{sname}", arr
-
-    def _replace(self, name: str, arr: np.ndarray) -> None:
-        if name in ("bucket", "maker", "meta"):
-            setattr(self, name, arr)
-        elif name.startswith("col/"):
-            self.cols[name[4:]] = arr
-        else:
-            _, col, sname = name.split("/")
-            self.slots[col][sname] = arr
+            for sname, sseg in slots.items():
+                yield f"slot/{col}/{sname}", sseg
 
     def reserve(self, needed: int) -> None:
-        """Make room for ``needed`` rows in total."""
+        """Make room for ``needed`` rows in total (segmented storage grows by segments, the rest by ``growth``)."""
+        for _, arr in self.storage():
+            if isinstance(arr, SegmentedArray):
+                arr.reserve(needed)
         if needed <= self.cap:
             return
         new_cap = max(needed, math.ceil(self.cap * self.growth))
-        for name, arr in list(self.storage()):
+        for name in ("bucket", "maker", "meta"):
+            arr = getattr(self, name)
             grown = np.zeros((new_cap, *arr.shape[1:]), dtype=arr.dtype)
             grown[: self.n] = arr[: self.n]
-            self._replace(name, grown)
+            setattr(self, name, grown)
         self.cap = new_cap
 
     def nbytes(self) -> int:
-        """Bytes allocated by the rows (all capacity) and the index."""
+        """Bytes allocated by the rows (all capacity, every segment) and the index."""
         return sum(int(a.nbytes) for _, a in self.storage()) + self.index.nbytes
 
     def used_bytes(self) -> int:
         """Bytes of the live rows plus the index."""
-        return sum(int(a[: self.n].nbytes) for _, a in self.storage()) + self.index.nbytes
+        per_row = sum(int(a.nbytes) // max(1, len(a)) for _, a in self.storage())
+        return per_row * self.n + self.index.nbytes
 
     # -- initial values -------------------------------------------------------------------------------
     def initial_values(self, col: Column, keys: np.ndarray) -> np.ndarray:
@@ -244,24 +247,25 @@ class TableState:
         kind = col.initializer or (spec.initializer if col.is_float else "zeros")
         scale = float(col.init_scale if col.init_scale is not None else (spec.init_scale or 0.0))
         shape = (keys.shape[0], *col.shape)
-        width = max(1, math.prod(col.shape))
         if kind == "zeros":
             return np.zeros(shape, dtype=col.np_dtype)
         if kind == "constant":
             return np.full(shape, scale, dtype=col.np_dtype)
-        if kind == "uniform":
-            u = uniform_from_keys(keys, self.seeds[col.name], width)
-            return ((2.0 * u - 1.0) * scale).reshape(shape).astype(col.np_dtype)
-        z = normal_from_keys(keys, self.seeds[col.name], width)
-        return (z * scale).reshape(shape).astype(col.np_dtype)
+        return initial_block(str(kind), keys, self.seeds[col.name], col.shape, scale, col.np_dtype)
 
-    def ensure_slots(self, column: str) -> dict[str, np.ndarray]:
-        """Slot arrays of ``column`` (allocated for all rows on first use)."""
+    def ensure_slots(self, column: str) -> dict[str, SegmentedArray]:
+        """Slot arrays of ``column`` (allocated on first use, the live rows given their initial slots)."""
         if column not in self.slots:
             col = self.spec.column(column)
-            self.slots[column] = initial_slots(
-                self.spec.optimizer, self.cap, col.shape, col.np_dtype, self.spec.adagrad_initial_accumulator
-            )
+            fresh = initial_slots(self.spec.optimizer, self.n, col.shape, col.np_dtype,
+                                  self.spec.adagrad_initial_accumulator)
+            cap = len(self.cols[column])
+            slots = {}
+            for sname, arr in fresh.items():
+                seg = SegmentedArray(arr.shape[1:], arr.dtype, cap)
+                seg[: self.n] = arr
+                slots[sname] = seg
+            self.slots[column] = slots
         return self.slots[column]
 
 
@@ -394,9 +398,10 @@ class ShardCore:
         t.bucket[rows] = buckets
         t.maker[rows] = 0
         t.prov["wall_time"][rows] = now
+        at = slice(t.n, t.n + m)
         for col in t.spec.columns:
             if f"col/{col.name}" not in skip:
-                t.cols[col.name][rows] = t.initial_values(col, keys)
+                t.cols[col.name][at] = t.initial_values(col, keys)
         for cname, slots in t.slots.items():
             if all(f"slot/{cname}/{sname}" in skip for sname in slots):
                 continue
@@ -404,7 +409,7 @@ class ShardCore:
             fresh = initial_slots(t.spec.optimizer, m, col.shape, col.np_dtype, t.spec.adagrad_initial_accumulator)
             for sname, arr in fresh.items():
                 if f"slot/{cname}/{sname}" not in skip:
-                    slots[sname][rows] = arr
+                    slots[sname][at] = arr
         t.n += m
         t.index.insert(keys, rows, t.keys, hashes)
         return rows
@@ -474,7 +479,7 @@ class ShardCore:
         for name in names:
             col = t.cols[name]
             out = self.buffers.empty((k.shape[0], *col.shape[1:]), col.dtype)
-            np.take(col, rows, axis=0, out=out, mode="clip")
+            col.take(rows, out=out)
             if found is not None:
                 out[~found] = 0
             values[name] = out
@@ -508,7 +513,7 @@ class ShardCore:
         k = check_keys(table, keys, allow_empty=True)
         r = t.index.find(k, t.keys)
         r = r[r >= 0]
-        return {name: arr[r].copy() for name, arr in t.arrays()}
+        return {name: arr[r] for name, arr in t.arrays()}
 
     # -- writes -----------------------------------------------------------------------------------------
     def update(
@@ -587,36 +592,22 @@ class ShardCore:
         if not found.any():
             return found
         all_found = bool(found.all())
-        fk = k if all_found else k[found]
-        order = np.argsort(fk, kind="stable")
-        sk = fk[order]
-        first = np.empty(sk.shape[0], dtype=bool)
-        first[0] = True
-        np.not_equal(sk[1:], sk[:-1], out=first[1:])
         frows = rows if all_found else rows[found]
-        urows = frows[order[first]]
-        dupes = not bool(first.all())
-        if dupes:
-            group = np.cumsum(first) - 1
-            rank = np.arange(sk.shape[0]) - np.flatnonzero(first)[group]
         now = self.clock()
         results: list[tuple[str, np.ndarray, dict[str, np.ndarray]]] = []
+        urows = frows
         for name, g in checked.items():
-            gf = g if all_found else g[found]
-            summed = np.take(gf, order[first], axis=0)
-            if dupes:  # add the 2nd, 3rd, ... occurrence of each key; each level has distinct targets
-                for level in range(1, int(rank.max()) + 1):
-                    sel = rank == level
-                    summed[group[sel]] += np.take(gf, order[sel], axis=0)
+            # duplicates summed by row in batch order, in one compiled pass (see carls_dask.bank.gradsum)
+            urows, summed = sum_by_row(frows, g if all_found else g[found])
             if name in t.slots:
-                cur = {s: np.take(a, urows, axis=0) for s, a in t.slots[name].items()}
+                cur = {s: a[urows] for s, a in t.slots[name].items()}
             else:
                 col = spec.column(name)
                 cur = initial_slots(spec.optimizer, urows.shape[0], col.shape, col.np_dtype,
                                     spec.adagrad_initial_accumulator)
             new_w, new_slots = apply_optimizer(
                 str(spec.optimizer),
-                np.take(t.cols[name], urows, axis=0),
+                t.cols[name][urows],
                 summed,
                 cur,
                 learning_rate=float(lr),
@@ -732,7 +723,7 @@ class ShardCore:
             "makers": list(self.makers),
             "version": self.version,
         }
-        tables = {name: {a: arr[: t.n].copy() for a, arr in t.arrays()} for name, t in self.tables.items()}
+        tables = {name: {a: _copy_rows(arr, t.n) for a, arr in t.arrays()} for name, t in self.tables.items()}
         return {"meta": meta, "tables": tables}
 
     @classmethod

@@ -1,0 +1,89 @@
+"""Deterministic initial values of new rows, as compiled loops.
+
+The values are those of :func:`carls_dask.bank.hashing.normal_from_keys` and
+:func:`~carls_dask.bank.hashing.uniform_from_keys` (the same bits, the same float64 arithmetic, then
+cast to the column's dtype), computed in one pass per key without the ``[n, width]`` float64
+temporaries of the NumPy form (about 3x faster for a batch of float32[64] rows). Without numba the
+NumPy form is used.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from carls_dask.bank.hashing import normal_from_keys, uniform_from_keys
+
+__all__ = ["initial_block"]
+
+numba: Any
+try:
+    import numba
+except ImportError:  # pragma: no cover - numba comes with the install
+    numba = None
+
+if numba is not None:
+
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def _splitmix(z):
+        z = z + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+    @numba.njit(cache=True, nogil=True)
+    def _fill_compiled(keys, seed, scale, normal, out):
+        golden = np.uint64(0x9E3779B97F4A7C15)
+        inv = 1.0 / 9007199254740992.0
+        two_pi = 2.0 * math.pi
+        w = out.shape[1]
+        for i in range(keys.shape[0]):
+            base = _splitmix(np.uint64(keys[i]) ^ seed)
+            for j in range(w):
+                u1 = np.float64(_splitmix(base + np.uint64(2 * j) * golden) >> np.uint64(11)) * inv
+                if normal:
+                    u2 = np.float64(_splitmix(base + np.uint64(2 * j + 1) * golden) >> np.uint64(11)) * inv
+                    z = math.sqrt(-2.0 * math.log1p(-u1)) * math.cos(two_pi * u2)
+                    out[i, j] = z * scale
+                else:
+                    out[i, j] = (2.0 * u1 - 1.0) * scale
+
+
+def initial_block(kind: str, keys: np.ndarray, seed: int, shape: tuple[int, ...], scale: float,
+                  dtype: Any) -> np.ndarray:
+    """``[n, *shape]`` initial values of ``kind`` (``"normal"`` or ``"uniform"``) for ``keys``.
+
+    Parameters
+    ----------
+    kind
+        ``"normal"`` (``scale * N(0, 1)``) or ``"uniform"`` (``U(-scale, scale)``).
+    keys
+        ``int64[n]`` keys.
+    seed
+        The column's seed (a 64-bit unsigned int).
+    shape
+        Shape of one row.
+    scale
+        Scale of the values.
+    dtype
+        Dtype of the result.
+    """
+    if kind not in ("normal", "uniform"):
+        raise ValueError(f"initial_block: kind must be 'normal' or 'uniform', got {kind!r}")
+    k = np.ascontiguousarray(keys, dtype=np.int64)
+    width = max(1, math.prod(shape))
+    dt = np.dtype(dtype)
+    if numba is None:
+        if kind == "uniform":
+            u = uniform_from_keys(k, seed, width)
+            return ((2.0 * u - 1.0) * scale).reshape((k.shape[0], *shape)).astype(dt)
+        return (normal_from_keys(k, seed, width) * scale).reshape((k.shape[0], *shape)).astype(dt)
+    # the kernel rounds float64 to float32/float64 on store; other dtypes go through float64
+    direct = dt in (np.dtype(np.float32), np.dtype(np.float64))
+    out = np.empty((k.shape[0], width), dtype=dt if direct else np.float64)
+    _fill_compiled(k, np.uint64(seed), float(scale), kind == "normal", out)
+    if not direct:
+        out = out.astype(dt)
+    return out.reshape((k.shape[0], *shape))
