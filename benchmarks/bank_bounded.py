@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         out = bounded_stream(max_rows=args.max_rows, batches=args.batches, min_frequency=args.min_frequency,
                              eviction=args.eviction)
-    print(json.dumps(out, indent=1))  # noqa: T201 - a benchmark's report
+    print(json.dumps(out, indent=1))
     return out
 
 
