@@ -449,6 +449,8 @@ class ShardCore:
         insert
             Allocate missing keys with the table's deterministic initializer and add one to the
             frequency of every key for each time it occurs in the batch (CARLS lookup-with-update).
+            In a bounded table (see :mod:`carls_dask.bank.bounds`) a key refused a row is not ``found``
+            and is flagged ``rejected``.
         max_staleness
             Seconds; rows written longer ago are flagged in ``stale``.
         """
