@@ -114,6 +114,7 @@ class BankShard:
             from carls_dask.storage.deltalog import DeltaLog
 
             self._log = DeltaLog(log_root, shard, sync=log_sync)
+            self.core.record_evictions(True)  # evictions of bounded tables are logged as deletes
 
     # -- delta log ----------------------------------------------------------------------------------
     def _log_makers(self) -> None:
@@ -144,6 +145,16 @@ class BankShard:
         if op_id is not None:
             arrays[OP_ID] = np.full(k.shape[0], op_id, dtype=np.int64)
         self._log.append(self.step, table, "delete", arrays)
+
+    def _log_evictions(self, table: str) -> None:
+        """Log the rows a bounded table evicted (cap, TTL) as deletes, before the batch's own upserts.
+
+        A TTL sweep may delete a key the same batch then allocates again; deletes first keeps the
+        replay exact. Replay applies rows and deletes only, never admission or eviction.
+        """
+        evicted = self.core.take_evicted(table)
+        if evicted.size:
+            self._log_delete(table, evicted)
 
     # -- retried batches ----------------------------------------------------------------------------
     def _check_live(self) -> None:
@@ -194,6 +205,7 @@ class BankShard:
         res = self.core.lookup_rows(table, keys, columns=columns, insert=insert)
         if insert:
             if self._log is not None:  # allocations and frequencies are state: log the rows
+                self._log_evictions(table)
                 self._log_upsert(table, np.asarray(keys, dtype=np.int64), op_id)
             self._remember(op_id, True)
         return res
@@ -227,6 +239,7 @@ class BankShard:
         if (seen := self._seen(op_id, keys, "update")) is not None:
             return int(seen)
         written = self.core.update(table, keys, values, model_step=model_step, maker=maker)
+        self._log_evictions(table)
         self._log_upsert(table, written, op_id)
         self._remember(op_id, int(written.size))
         return int(written.size)
@@ -259,6 +272,13 @@ class BankShard:
         self._log_delete(table, np.asarray(keys, dtype=np.int64)[present], op_id)
         self._remember(op_id, present)
         return present
+
+    @_locked
+    def expire(self, table: str) -> int:
+        """See :meth:`ShardCore.expire`; the expired rows are logged as deletes."""
+        n = self.core.expire(table)
+        self._log_evictions(table)
+        return n
 
     @_locked
     def contains(self, table: str, keys: np.ndarray) -> np.ndarray:

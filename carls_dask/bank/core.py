@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.bank.bounds import TableBounds, choose_victims, expired_rows, low_water, victim_scores
 from carls_dask.bank.buffers import BufferPool
 from carls_dask.bank.gradsum import sum_by_row
 from carls_dask.bank.hashing import bucket_of_hash, mix_seed, splitmix64
@@ -67,6 +68,9 @@ class LookupResult:
         ``int64[n]``: how often each key was looked up with ``insert=True`` (0 for missing keys).
     stale
         ``bool[n]``: rows older than ``max_staleness`` (all False when no bound was given).
+    rejected
+        ``bool[n]``: keys a bounded table refused a row (not admitted yet, or evicted by the cap within
+        the same batch); they are also not ``found``. All False for other tables and reads.
     """
 
     values: dict[str, np.ndarray]
@@ -76,6 +80,7 @@ class LookupResult:
     model_step: np.ndarray
     frequency: np.ndarray
     stale: np.ndarray
+    rejected: np.ndarray | None = None
 
 
 #: What a missing key reads in :attr:`LookupRows.meta`: version 0, model step -1, frequency 0, age NaN.
@@ -95,11 +100,14 @@ class LookupRows:
         ``(0, -1, 0, NaN)`` for a missing key.
     found
         ``bool[n]``, or None when every key was found.
+    rejected
+        ``bool[n]`` keys a bounded table refused a row (see :class:`LookupResult`), or None when none was.
     """
 
     values: dict[str, np.ndarray]
     meta: np.ndarray
     found: np.ndarray | None
+    rejected: np.ndarray | None = None
 
     def result(self, max_staleness: float | None = None) -> LookupResult:
         """The :class:`LookupResult` (its provenance arrays are views of :attr:`meta`)."""
@@ -108,8 +116,9 @@ class LookupRows:
         age = meta[:, 3].view(np.float64)
         found = np.ones(n, dtype=bool) if self.found is None else self.found
         stale = np.zeros(n, dtype=bool) if max_staleness is None else found & (age > float(max_staleness))
+        rejected = np.zeros(n, dtype=bool) if self.rejected is None else self.rejected
         return LookupResult(values=self.values, found=found, age=age, version=meta[:, 0], model_step=meta[:, 1],
-                            frequency=meta[:, 2], stale=stale)
+                            frequency=meta[:, 2], stale=stale, rejected=rejected)
 
 
 def gather_rows(parts: Sequence[tuple[Any, LookupRows]], n: int, specs: Mapping[str, Column],
@@ -130,13 +139,18 @@ def gather_rows(parts: Sequence[tuple[Any, LookupRows]], n: int, specs: Mapping[
     found = None
     if any(r.found is not None for _, r in parts):
         found = np.ones(n, dtype=bool)
+    rejected = None
+    if any(r.rejected is not None for _, r in parts):
+        rejected = np.zeros(n, dtype=bool)
     for idx, r in parts:
         for c in specs:
             values[c][idx] = r.values[c]
         meta[idx] = r.meta
         if r.found is not None and found is not None:
             found[idx] = r.found
-    return LookupRows(values, meta, found).result(max_staleness)
+        if r.rejected is not None and rejected is not None:
+            rejected[idx] = r.rejected
+    return LookupRows(values, meta, found, rejected).result(max_staleness)
 
 
 def _copy_rows(arr: np.ndarray | SegmentedArray, n: int) -> np.ndarray:
@@ -337,6 +351,10 @@ class ShardCore:
             if spec.name in self.tables:
                 raise ValueError(f"duplicate table name {spec.name!r}")
             self.tables[spec.name] = TableState(spec, self.initial_capacity)
+        #: Bounds of the bounded tables (row cap, admission, TTL; see :mod:`carls_dask.bank.bounds`).
+        self.bounds: dict[str, TableBounds] = {
+            s.name: b for s in tables if (b := TableBounds.for_spec(s)) is not None
+        }
 
     # -- helpers ----------------------------------------------------------------------------------------
     def table(self, name: str) -> TableState:
@@ -436,6 +454,8 @@ class ShardCore:
         insert
             Allocate missing keys with the table's deterministic initializer and add one to the
             frequency of every key for each time it occurs in the batch (CARLS lookup-with-update).
+            In a bounded table (see :mod:`carls_dask.bank.bounds`) a key refused a row is not ``found``
+            and is flagged ``rejected``.
         max_staleness
             Seconds; rows written longer ago are flagged in ``stale``.
         """
@@ -449,19 +469,33 @@ class ShardCore:
         t = self.table(table)
         names = list(t.spec.column_names) if columns is None else [t.spec.column(c).name for c in columns]
         now = self.clock()
+        rejected = None
         if insert:
             k, b, h = self._keys(t, keys)
+            bnd = self.bounds.get(t.spec.name)
+            if bnd is not None and bnd.ttl_due(now):
+                self._expire(t, bnd, now)
             uniq, first, inverse, counts = np.unique(k, return_index=True, return_inverse=True, return_counts=True)
             urows = t.index.find(uniq, t.keys, h[first])
             missing = urows < 0
+            est = None
+            if bnd is not None:
+                missing, est = bnd.admit(uniq, counts, missing)
             if missing.any():
                 urows[missing] = self._allocate(t, uniq[missing], b[first[missing]], now, h[first[missing]])
                 t.prov["version"][urows[missing]] = 1
-            t.frequency[urows] += counts
+            if bnd is None:
+                t.frequency[urows] += counts
+            else:
+                urows = self._bounded_insert(t, bnd, uniq, h[first], counts, urows, missing, est, now)
+                if (urows < 0).any():
+                    rejected = (urows < 0)[inverse]
             self.version += 1
             rows = urows[inverse]
             meta = self.buffers.empty((k.shape[0], 4), np.int64)
             np.take(t.meta[:, 1:], rows, axis=0, out=meta, mode="clip")
+            if rejected is not None:
+                meta[rejected] = _MISSING_META
         else:
             k = check_keys(t.spec.name, keys)
             rows = np.empty(k.shape[0], dtype=np.int64)
@@ -472,7 +506,7 @@ class ShardCore:
                 raise self._not_owned(t, int(k[bad]))
         age = meta[:, 3].view(np.float64)
         np.subtract(now, age, out=age)  # wall time -> age (NaN stays NaN)
-        found = None if insert else rows >= 0
+        found = (None if rejected is None else ~rejected) if insert else rows >= 0
         if found is not None and found.all():
             found = None
         values = {}
@@ -483,7 +517,69 @@ class ShardCore:
             if found is not None:
                 out[~found] = 0
             values[name] = out
-        return LookupRows(values=values, meta=meta, found=found)
+        return LookupRows(values=values, meta=meta, found=found, rejected=rejected)
+
+    # -- bounded tables (see carls_dask.bank.bounds) ----------------------------------------------------
+    def _bounded_insert(self, t: TableState, bnd: TableBounds, uniq: np.ndarray, hashes: np.ndarray,
+                        counts: np.ndarray, urows: np.ndarray, new: np.ndarray, est: np.ndarray | None,
+                        now: float) -> np.ndarray:
+        """Count a lookup-with-insert batch in a bounded table and evict to its cap; returns the rows (-1: none)."""
+        have = urows >= 0
+        rows = urows[have]
+        t.frequency[rows] += counts[have]
+        if est is not None and new.any():  # a newly admitted row starts at its sightings so far
+            t.frequency[urows[new]] = est[new]
+        if t.spec.eviction == "lru":
+            t.prov["wall_time"][rows] = now
+        if self._enforce_cap(t, bnd, None):  # the batch's rows compete too (LFU: a new key must beat the least used)
+            urows = t.index.find(uniq, t.keys, hashes)
+        return urows
+
+    def _enforce_cap(self, t: TableState, bnd: TableBounds, protect: np.ndarray | None) -> bool:
+        """Evict down to the low-water mark when over ``max_rows`` (``protect`` rows last); whether it did."""
+        cap = t.spec.max_rows
+        if cap is None or t.n <= cap:
+            return False
+        n = t.n
+        scores = victim_scores(t.spec.eviction, t.frequency[:n], t.prov["wall_time"][:n])
+        victims = choose_victims(scores, t.keys[:n], n - low_water(cap), protect)
+        self._evict(t, bnd, victims, "cap")
+        return True
+
+    def _evict(self, t: TableState, bnd: TableBounds, rows: np.ndarray, reason: str) -> None:
+        if rows.size == 0:
+            return
+        keys = t.keys[rows].copy()
+        self.delete(t.spec.name, keys)
+        bnd.note_evicted(keys, reason)
+
+    def _expire(self, t: TableState, bnd: TableBounds, now: float) -> int:
+        bnd.last_sweep = now
+        if t.spec.ttl is None:
+            return 0
+        rows = expired_rows(t.prov["wall_time"][: t.n], now, t.spec.ttl)
+        self._evict(t, bnd, rows, "ttl")
+        return int(rows.size)
+
+    def expire(self, table: str) -> int:
+        """Evict the rows of ``table`` past its ``ttl`` now; returns how many (0 for a table without one)."""
+        t = self.table(table)
+        bnd = self.bounds.get(t.spec.name)
+        if bnd is None:
+            return 0
+        return self._expire(t, bnd, self.clock())
+
+    def record_evictions(self, on: bool = True) -> None:
+        """Keep evicted keys for :meth:`take_evicted` (the actor logs them as deletes)."""
+        for bnd in self.bounds.values():
+            bnd.record = bool(on)
+            if not on:
+                bnd.evicted.clear()
+
+    def take_evicted(self, table: str) -> np.ndarray:
+        """Keys of ``table`` evicted since the last call (recorded only after :meth:`record_evictions`)."""
+        bnd = self.bounds.get(self.table(table).spec.name)
+        return np.zeros(0, dtype=np.int64) if bnd is None else bnd.take_evicted()
 
     def contains(self, table: str, keys: Any) -> np.ndarray:
         """``bool[n]``: whether each key is present (frequency untouched)."""
@@ -541,6 +637,9 @@ class ShardCore:
         checked = check_update(t.spec, n, values, model_step, maker)
         code = self.maker_code(maker)
         now = self.clock()
+        bnd = self.bounds.get(t.spec.name)
+        if bnd is not None and bnd.ttl_due(now):
+            self._expire(t, bnd, now)
         rev_uniq, rev_first = np.unique(k[::-1], return_index=True)
         last = n - 1 - rev_first
         uniq = k[last]
@@ -551,6 +650,8 @@ class ShardCore:
         for name, v in checked.items():
             t.cols[name][urows] = v[last]
         self._touch(t, urows, now, int(model_step), code)
+        if bnd is not None:  # an update always writes (no admission), then the cap holds again
+            self._enforce_cap(t, bnd, urows)
         return rev_uniq
 
     def _touch(self, t: TableState, rows: np.ndarray, now: float, model_step: int | None, code: int | None) -> None:
@@ -709,6 +810,8 @@ class ShardCore:
                 "optimizer_steps": {c: int(s[STEP_SLOT][: t.n].max(initial=0)) for c, s in t.slots.items()
                                     if STEP_SLOT in s},
             }
+            if name in self.bounds:
+                out["tables"][name]["bounds"] = self.bounds[name].stats()
         return out
 
     def export_state(self) -> dict[str, Any]:

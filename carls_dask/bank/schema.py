@@ -27,6 +27,7 @@ from carls_dask.storage.errors import (
 )
 
 __all__ = [
+    "EVICTIONS",
     "INITIALIZERS",
     "OPTIMIZERS",
     "PROVENANCE",
@@ -47,6 +48,8 @@ __all__ = [
 ]
 
 INITIALIZERS = ("zeros", "uniform", "normal", "constant")
+#: Eviction policies of a bounded table (see :mod:`carls_dask.bank.bounds`).
+EVICTIONS = ("lfu", "lru", "oldest")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 #: Per-row provenance arrays every table carries, with their dtypes.
 PROVENANCE: dict[str, np.dtype[Any]] = {
@@ -178,6 +181,19 @@ class TableSpec:
         Starting value of Adagrad accumulators (CARLS recommends 0.1).
     adam_betas, adam_epsilon
         Adam's moment decay rates and epsilon.
+    max_rows
+        Most rows each shard holds of this table (``None``: unbounded). A write that leaves more rows
+        evicts down to a low-water mark (see :mod:`carls_dask.bank.bounds`).
+    eviction
+        Which rows go first when over ``max_rows``: ``"lfu"`` (lowest frequency), ``"lru"`` (least
+        recently used: written or looked up with ``insert=True``) or ``"oldest"`` (least recently written).
+    min_frequency
+        Admission filter: a key gets a row from ``lookup(insert=True)`` only once it was seen this many
+        times (counted in a count-min sketch); 1 admits at once. ``update`` always writes.
+    ttl
+        Seconds after a row's last write (``"lru"``: last use) at which it expires (``None``: never).
+    sketch_width, sketch_depth
+        Counters per row and rows of the admission sketch (used when ``min_frequency > 1``).
     """
 
     name: str
@@ -190,6 +206,12 @@ class TableSpec:
     adagrad_initial_accumulator: float = 0.1
     adam_betas: tuple[float, float] = (0.9, 0.999)
     adam_epsilon: float = 1e-8
+    max_rows: int | None = None
+    eviction: str = "lfu"
+    min_frequency: int = 1
+    ttl: float | None = None
+    sketch_width: int = 1 << 20
+    sketch_depth: int = 4
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
@@ -214,6 +236,40 @@ class TableSpec:
                 f"table {self.name!r}: adagrad_initial_accumulator must be > 0, got {self.adagrad_initial_accumulator!r}"
             )
         object.__setattr__(self, "adam_betas", tuple(float(b) for b in self.adam_betas))
+        self._check_bounds()
+
+    def _check_bounds(self) -> None:
+        """Validate the bounded-table options (``max_rows``, ``eviction``, ``min_frequency``, ``ttl``, sketch)."""
+
+        def is_int(v: Any) -> bool:
+            return not isinstance(v, bool) and isinstance(v, int | np.integer)
+
+        if self.max_rows is not None and (not is_int(self.max_rows) or int(self.max_rows) < 1):
+            raise ValueError(f"table {self.name!r}: max_rows must be None or an int >= 1, got {self.max_rows!r}")
+        if self.eviction not in EVICTIONS:
+            raise ValueError(f"table {self.name!r}: eviction {self.eviction!r} is not one of {EVICTIONS}")
+        if not is_int(self.min_frequency) or int(self.min_frequency) < 1:
+            raise ValueError(f"table {self.name!r}: min_frequency must be an int >= 1, got {self.min_frequency!r}")
+        if self.ttl is not None:
+            ok = not isinstance(self.ttl, bool) and isinstance(self.ttl, int | float | np.integer | np.floating)
+            if not ok or not math.isfinite(float(self.ttl)) or float(self.ttl) <= 0:
+                raise ValueError(f"table {self.name!r}: ttl must be None or a finite number of seconds > 0, "
+                                 f"got {self.ttl!r}")
+            object.__setattr__(self, "ttl", float(self.ttl))
+        w = self.sketch_width
+        if not is_int(w) or int(w) < 64 or int(w) & (int(w) - 1):
+            raise ValueError(f"table {self.name!r}: sketch_width must be a power of two >= 64, got {w!r}")
+        if not is_int(self.sketch_depth) or not 1 <= int(self.sketch_depth) <= 16:
+            raise ValueError(f"table {self.name!r}: sketch_depth must be an int in [1, 16], got {self.sketch_depth!r}")
+        for name in ("max_rows", "min_frequency", "sketch_width", "sketch_depth"):
+            v = getattr(self, name)
+            if v is not None:
+                object.__setattr__(self, name, int(v))
+
+    @property
+    def is_bounded(self) -> bool:
+        """Whether the table has a row cap, an admission filter or a time-to-live."""
+        return self.max_rows is not None or self.min_frequency > 1 or self.ttl is not None
 
     # -- lookups -----------------------------------------------------------------------------------
     @property
@@ -280,6 +336,12 @@ class TableSpec:
             "adagrad_initial_accumulator": self.adagrad_initial_accumulator,
             "adam_betas": list(self.adam_betas),
             "adam_epsilon": self.adam_epsilon,
+            "max_rows": self.max_rows,
+            "eviction": self.eviction,
+            "min_frequency": self.min_frequency,
+            "ttl": self.ttl,
+            "sketch_width": self.sketch_width,
+            "sketch_depth": self.sketch_depth,
         }
 
     @classmethod
@@ -296,6 +358,12 @@ class TableSpec:
             adagrad_initial_accumulator=float(data.get("adagrad_initial_accumulator", 0.1)),
             adam_betas=tuple(data.get("adam_betas", (0.9, 0.999))),
             adam_epsilon=float(data.get("adam_epsilon", 1e-8)),
+            max_rows=data.get("max_rows"),
+            eviction=data.get("eviction", "lfu"),
+            min_frequency=data.get("min_frequency", 1),
+            ttl=data.get("ttl"),
+            sketch_width=data.get("sketch_width", 1 << 20),
+            sketch_depth=data.get("sketch_depth", 4),
         )
 
 

@@ -7,7 +7,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from carls_dask.bank.bounds import low_water
 from carls_dask.bank.core import ShardCore
+from carls_dask.bank.hashing import splitmix64
 from carls_dask.bank.schema import Column, TableSpec
 from carls_dask.errors import InvalidBatchError
 
@@ -135,3 +137,97 @@ BankModel.TestCase.settings = settings(
     max_examples=30, stateful_step_count=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestBankModel = BankModel.TestCase
+
+
+CAP = 6
+BOUNDED = TableSpec("b", columns=(Column("embedding", shape=(DIM,)),), optimizer="sgd", learning_rate=LR,
+                    initializer="constant", init_scale=INIT, max_rows=CAP, eviction="lfu", min_frequency=2,
+                    sketch_width=1 << 16, sketch_depth=4)
+SMALL_KEYS = st.lists(st.integers(0, 15), min_size=1, max_size=8)
+
+
+def _key_hash(k: int) -> int:
+    return int(splitmix64(np.array([k], dtype=np.int64).view(np.uint64))[0])
+
+
+class BoundedBankModel(RuleBasedStateMachine):
+    """A bounded LFU table (cap 6, admission after 2 sightings) against an exact dict model.
+
+    The model keeps each key's sightings (the sketch is wide enough to count these 16 keys exactly),
+    admits a missing key once it was seen twice (its frequency starts at its sightings), and when over
+    the cap evicts the lowest ``(frequency, splitmix64(key))`` rows down to the low-water mark; the rows
+    an ``update`` wrote go last.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.core = ShardCore([BOUNDED], initial_capacity=2)
+        self.model: dict[int, dict[str, object]] = {}
+        self.seen: dict[int, int] = {}
+        self.evicted = 0
+
+    def _evict(self, protect: set[int]) -> None:
+        if len(self.model) <= CAP:
+            return
+        need = len(self.model) - low_water(CAP)
+        order = sorted(self.model, key=lambda k: (k in protect, 0 if k in protect else self.model[k]["freq"],
+                                                  _key_hash(k)))
+        for k in order[:need]:
+            del self.model[k]
+        self.evicted += need
+
+    @rule(keys=SMALL_KEYS)
+    def lookup_insert(self, keys: list[int]) -> None:
+        r = self.core.lookup("b", np.array(keys, dtype=np.int64), insert=True)
+        counts: dict[int, int] = {}
+        for k in keys:
+            counts[k] = counts.get(k, 0) + 1
+        for k, c in counts.items():
+            self.seen[k] = self.seen.get(k, 0) + c
+            if k in self.model:
+                self.model[k]["freq"] = int(self.model[k]["freq"]) + c  # type: ignore[call-overload]
+            elif self.seen[k] >= 2:
+                self.model[k] = {"emb": np.full(DIM, INIT, np.float32), "freq": self.seen[k], "version": 1}
+        self._evict(set())
+        for i, k in enumerate(keys):
+            assert r.found[i] == (k in self.model)
+            assert r.rejected[i] == (k not in self.model)
+            if k in self.model:
+                assert r.frequency[i] == self.model[k]["freq"]
+
+    @rule(data=st.data(), keys=SMALL_KEYS)
+    def update(self, data: st.DataObject, keys: list[int]) -> None:
+        n = len(keys)
+        emb = np.array(data.draw(st.lists(st.lists(HALVES, min_size=DIM, max_size=DIM), min_size=n, max_size=n)),
+                       dtype=np.float32)
+        self.core.update("b", np.array(keys, dtype=np.int64), {"embedding": emb})
+        for k in set(keys):  # updates always write, admitted or not
+            row = self.model.setdefault(k, {"emb": None, "freq": 0, "version": 0})
+            row["emb"] = emb[max(i for i, kk in enumerate(keys) if kk == k)].copy()
+            row["version"] = int(row["version"]) + 1  # type: ignore[call-overload]
+        self._evict(set(keys))
+
+    @rule(keys=SMALL_KEYS)
+    def delete(self, keys: list[int]) -> None:
+        present = self.core.delete("b", np.array(keys, dtype=np.int64))
+        assert present.tolist() == [k in self.model for k in keys]
+        for k in keys:
+            self.model.pop(k, None)
+
+    @invariant()
+    def cap_holds_and_rows_agree(self) -> None:
+        assert self.core.size("b") == len(self.model) <= CAP
+        assert sorted(self.core.keys("b").tolist()) == sorted(self.model)
+        if self.model:
+            ks = np.array(sorted(self.model), dtype=np.int64)
+            r = self.core.lookup("b", ks)
+            for i, k in enumerate(ks.tolist()):
+                np.testing.assert_array_equal(r.values["embedding"][i], self.model[k]["emb"])
+                assert r.frequency[i] == self.model[k]["freq"] and r.version[i] == self.model[k]["version"]
+        assert self.core.stats()["tables"]["b"]["bounds"]["evictions"]["cap"] == self.evicted
+
+
+BoundedBankModel.TestCase.settings = settings(
+    max_examples=30, stateful_step_count=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestBoundedBankModel = BoundedBankModel.TestCase
