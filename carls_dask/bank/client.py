@@ -436,6 +436,7 @@ class KnowledgeBank:
         unique: bool = True,
         true_keys: Any = None,
         seed: int | None = None,
+        exclude_true: bool = False,
     ) -> NegativeSample:
         """Sample ``n`` candidate keys of ``table`` with expected counts (logQ correction), at ``O(n)`` per call.
 
@@ -446,7 +447,8 @@ class KnowledgeBank:
         ``N`` rows, one-draw probability ``p_s`` there) has the expected count ``n * n_s / N * p_s``
         with replacement -- exactly that of the mixture -- and TensorFlow's
         ``1 - (1 - p_s) ** num_tries_s`` with ``unique``, from its shard's draws; ``num_tries`` is the
-        sum over shards. With hashed keys, rank ``r`` within a shard stands for about rank ``r * shards``
+        sum over shards. With ``exclude_true`` no true key is returned (each shard conditions its
+        distribution on not drawing one; see :meth:`ShardCore.sample_negatives`). With hashed keys, rank ``r`` within a shard stands for about rank ``r * shards``
         of the bank, so the mixture is close to one log-uniform over the bank's ranks.
         """
         self.spec(table)
@@ -464,23 +466,32 @@ class KnowledgeBank:
                 f"table {table!r}: asked for {n} unique candidates but the table holds only {total} keys"
             )
         rng = np.random.default_rng(seed)
-        quota = split_quota(n, rows, unique, rng)
         tk = None if true_keys is None else check_keys(table, to_int64_keys(true_keys, table), allow_empty=True)
         routes = dict(self._route(tk)) if tk is not None and tk.size else {}
+        room = list(rows)
+        if exclude_true:  # a shard can give at most its rows less its true keys
+            room = [max(r - (np.unique(tk[routes[s]]).size if s in routes and tk is not None else 0), 0)
+                    for s, r in enumerate(rows)]
+            if unique and n > sum(room):
+                raise InvalidBatchError(f"table {table!r}: asked for {n} unique candidates but only "
+                                        f"{sum(room)} of {total} keys are not true keys")
+        quota = split_quota(n, room, unique, rng)  # mixture weights: rows (less true keys when they are excluded)
+        weight = sum(room)
         seeds = rng.integers(0, 2**63 - 1, size=self.n_shards)
         calls, who = [], []
         for s in range(self.n_shards):
             if quota[s] > 0:
                 idx = routes.get(s)
                 calls.append(ShardCall(s, "sample_draw", (table, int(quota[s]), sampler, unique,
-                                                           None if idx is None else tk[idx], int(seeds[s]))))
+                                                           None if idx is None else tk[idx], int(seeds[s]),
+                                                           exclude_true)))
                 who.append(s)
         draws = self._call(calls)
         keys, expected = [], []
         true_expected = np.zeros(0 if tk is None else tk.shape[0], dtype=np.float64)
         tries = 0
         for s, d in zip(who, draws, strict=True):
-            share = rows[s] / total
+            share = room[s] / weight
             keys.append(d.keys)
             if unique:
                 expected.append(expected_counts(n, True, d.num_tries, d.prob))
@@ -496,7 +507,7 @@ class KnowledgeBank:
                 probs = self._call([ShardCall(s, "sample_draw", (table, 1, sampler, False, tk[routes[s]], 0))
                                     for s in rest])
                 for s, d in zip(rest, probs, strict=True):
-                    true_expected[routes[s]] = n * rows[s] / total * d.true_prob
+                    true_expected[routes[s]] = n * room[s] / weight * d.true_prob
         return NegativeSample(keys=np.concatenate(keys).astype(np.int64), expected_count=np.concatenate(expected),
                               true_expected_count=true_expected, num_tries=int(tries))
 

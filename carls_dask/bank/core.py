@@ -703,6 +703,7 @@ class ShardCore:
         unique: bool = True,
         true_keys: Any = None,
         seed: int | None = None,
+        exclude_true: bool = False,
     ) -> NegativeSample:
         """Sample ``n`` candidates from this shard's keys at ``O(n)`` per call, with expected counts.
 
@@ -710,9 +711,12 @@ class ShardCore:
         lazily (see :mod:`carls_dask.bank.shard_sampler`, which says which distribution is sampled and
         when the order is rebuilt). Expected counts are ``n * p`` (with replacement) or TensorFlow's
         ``1 - (1 - p) ** num_tries`` (unique) for the one-draw probability ``p`` of that distribution.
+        With ``exclude_true`` the true keys are never returned (the distribution is conditioned on
+        not drawing one, and their own expected counts are 0).
         """
         n = check_sample_size(table, n)
-        d = self.sample_draw(table, n, sampler=sampler, unique=unique, true_keys=true_keys, seed=seed)
+        d = self.sample_draw(table, n, sampler=sampler, unique=unique, true_keys=true_keys, seed=seed,
+                             exclude_true=exclude_true)
         return NegativeSample(
             keys=d.keys,
             expected_count=expected_counts(n, unique, d.num_tries, d.prob),
@@ -728,6 +732,7 @@ class ShardCore:
         unique: bool = True,
         true_keys: Any = None,
         seed: int | None = None,
+        exclude_true: bool = False,
     ) -> ShardDraw:
         """:meth:`sample_negatives` as one-draw probabilities (what the client merges across shards)."""
         t = self.table(table)
@@ -744,7 +749,7 @@ class ShardCore:
             if order is None:
                 order = self._rank_orders[table] = RankOrder(self.sampling)
         return draw_from_shard(table, t.keys, t.frequency, t.n, order, int(n), sampler=sampler, unique=unique,
-                               true_rows=true_rows, rng=np.random.default_rng(seed))
+                               true_rows=true_rows, rng=np.random.default_rng(seed), exclude_true=exclude_true)
 
     def sampling_state(self, table: str) -> dict[str, Any]:
         """Counters of ``table``'s frequency-rank order (``built``, ``rebuilds``, ``ranks``, ``tombstones``, ...)."""

@@ -273,6 +273,7 @@ def draw_from_shard(
     unique: bool,
     true_rows: np.ndarray | None,
     rng: np.random.Generator,
+    exclude_true: bool = False,
 ) -> ShardDraw:
     """Draw ``n`` candidates from a shard's live rows ``0..n_rows-1``.
 
@@ -297,6 +298,10 @@ def draw_from_shard(
         Rows of the true keys (-1 for a key not in this shard), or None.
     rng
         Random source.
+    exclude_true
+        Never return the true keys: draws landing on one are rejected (not counted as tries), so the
+        distribution sampled is the sampler's conditioned on not a true key, and ``prob`` is divided by
+        ``1 - (the true keys' mass)``; the true keys' own ``true_prob`` is then 0.
 
     Raises
     ------
@@ -325,6 +330,29 @@ def draw_from_shard(
 
         def draw(size: int) -> np.ndarray:
             return rank_order.draw_ranks(size, rng)
+    excl_mass = 0.0
+    if exclude_true and true_rows is not None and (true_rows >= 0).any():
+        present_rows = np.unique(true_rows[true_rows >= 0])
+        if sampler == "uniform":
+            excl = present_rows
+            excl_mass = excl.size / n_rows
+        else:
+            assert order is not None
+            excl = np.unique(order.row_rank[present_rows])
+            excl_mass = float(order.prob(excl).sum())
+        if excl_mass >= 1.0 - 1e-12 or (unique and n > n_rows - excl.size):
+            raise InvalidBatchError(f"table {table!r}: asked for {n} {'unique ' if unique else ''}candidates but "
+                                    f"only {n_rows - excl.size} of {n_rows} keys are not true keys")
+        inner = draw
+
+        def draw(size: int) -> np.ndarray:
+            parts, have = [], 0
+            while have < size:
+                d = inner(int((size - have) / (1.0 - excl_mass)) + 8)
+                d = d[~np.isin(d, excl)][: size - have]
+                parts.append(d)
+                have += int(d.size)
+            return np.concatenate(parts)
     if unique:
         ids, tries = _unique_draws(table, sampler, n, draw)
     else:
@@ -342,12 +370,15 @@ def draw_from_shard(
         if not np.array_equal(keys[rows], order.rank_key[ids]):  # rows moved behind the order's back
             order.built = False
             return draw_from_shard(table, keys, frequency, n_rows, order, n, sampler=sampler, unique=unique,
-                                   true_rows=true_rows, rng=rng)
+                                   true_rows=true_rows, rng=rng, exclude_true=exclude_true)
         prob = order.prob(ids)
         if true_rows is not None:
             present = true_rows >= 0
             true_prob = np.zeros(true_rows.shape, dtype=np.float64)
             true_prob[present] = order.prob(order.row_rank[true_rows[present]])
+    if excl_mass:
+        prob = prob / (1.0 - excl_mass)
+        true_prob = np.zeros(true_prob.shape, dtype=np.float64)
     return ShardDraw(keys=keys[rows].astype(np.int64), prob=np.asarray(prob, dtype=np.float64),
                      true_prob=np.asarray(true_prob, dtype=np.float64), num_tries=int(tries), rows=int(n_rows))
 

@@ -193,3 +193,21 @@ def test_split_quota_is_proportional_and_capped() -> None:
     assert abs(q[:, 0].mean() - 25) < 0.5
     q = split_quota(10, [2, 8, 1], True, rng)
     assert q.sum() == 10 and (q <= np.array([2, 8, 1])).all()
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "log_uniform"])
+def test_excluded_true_keys_are_never_returned_and_the_rest_is_renormalised(sampler: str) -> None:
+    core = ShardCore([_table()])
+    core.lookup("v", np.repeat(np.arange(30), np.arange(30, 0, -1)), insert=True)
+    true = np.array([0, 1, 7, 999])
+    plain = core.sample_negatives("v", 5, sampler=sampler, unique=False, true_keys=np.arange(30), seed=0)
+    excl_mass = plain.true_expected_count[[0, 1, 7]].sum() / 5
+    for s in range(200):
+        smp = core.sample_negatives("v", 25, sampler=sampler, unique=True, true_keys=true, seed=s, exclude_true=True)
+        assert not np.isin(smp.keys, true).any() and np.unique(smp.keys).size == 25
+        assert (smp.true_expected_count == 0).all()
+    smp = core.sample_negatives("v", 5, sampler=sampler, unique=False, true_keys=true, seed=1, exclude_true=True)
+    p_plain = plain.true_expected_count[smp.keys] / 5
+    np.testing.assert_allclose(smp.expected_count, 5 * p_plain / (1 - excl_mass))
+    with pytest.raises(InvalidBatchError, match=r"only 27 of 30 keys are not true keys"):
+        core.sample_negatives("v", 28, sampler=sampler, true_keys=true, exclude_true=True)
