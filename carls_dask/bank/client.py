@@ -29,7 +29,6 @@ from carls_dask.bank.core import LookupResult, gather_rows
 from carls_dask.bank.hashing import bucket_of, to_int64_keys
 from carls_dask.bank.rehoming import install_walltime_plugin, publish_table, set_base
 from carls_dask.bank.sampling import SAMPLERS, NegativeSample
-from carls_dask.bank.shard_sampler import expected_counts, split_quota
 from carls_dask.bank.schema import (
     TableSpec,
     check_batch_size,
@@ -41,6 +40,7 @@ from carls_dask.bank.schema import (
     check_update,
     unknown_table,
 )
+from carls_dask.bank.shard_sampler import expected_counts, split_quota
 from carls_dask.bank.transport import DaskTransport, LocalTransport, ShardCall, stamp_op_ids
 from carls_dask.storage.errors import InvalidBatchError, LifecycleError
 
@@ -483,7 +483,7 @@ class KnowledgeBank:
             if quota[s] > 0:
                 idx = routes.get(s)
                 calls.append(ShardCall(s, "sample_draw", (table, int(quota[s]), sampler, unique,
-                                                           None if idx is None else tk[idx], int(seeds[s]),
+                                                           None if idx is None or tk is None else tk[idx], int(seeds[s]),
                                                            exclude_true)))
                 who.append(s)
         draws = self._call(calls)

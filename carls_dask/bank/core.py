@@ -27,14 +27,6 @@ from carls_dask.bank.hashing import (
 from carls_dask.bank.keyindex import KeyIndex
 from carls_dask.bank.optimizers import STEP_SLOT, apply_optimizer, initial_slots
 from carls_dask.bank.sampling import NegativeSample
-from carls_dask.bank.shard_sampler import (
-    RankOrder,
-    SamplingSettings,
-    ShardDraw,
-    describe,
-    draw_from_shard,
-    expected_counts,
-)
 from carls_dask.bank.schema import (
     Column,
     TableSpec,
@@ -46,6 +38,14 @@ from carls_dask.bank.schema import (
     check_update,
     coerce_column_values,
     unknown_table,
+)
+from carls_dask.bank.shard_sampler import (
+    RankOrder,
+    SamplingSettings,
+    ShardDraw,
+    describe,
+    draw_from_shard,
+    expected_counts,
 )
 from carls_dask.bank.topk import exact_top_k
 from carls_dask.storage.errors import (

@@ -106,7 +106,7 @@ class BankModel(RuleBasedStateMachine):
         if room == 0:
             return
         n = data.draw(st.integers(1, room if unique else 8))
-        s = self.core.sample_negatives("t", n, sampler=sampler, unique=unique, true_keys=np.array(true + [10**6]),
+        s = self.core.sample_negatives("t", n, sampler=sampler, unique=unique, true_keys=np.array([*true, 10 ** 6]),
                                        seed=seed, exclude_true=exclude)
         assert set(s.keys.tolist()) <= set(live) and s.keys.size == n
         if unique:
@@ -123,7 +123,7 @@ class BankModel(RuleBasedStateMachine):
         if not self.model or not any(q):
             return
         query = np.array([q], dtype=np.float32)
-        ek, es = self.core.top_k("t", query, k, method="exact")
+        _ek, es = self.core.top_k("t", query, k, method="exact")
         ak, as_ = self.core.top_k("t", query, k, method="ivf")  # under 39 rows: one cell, scanned in full
         np.testing.assert_allclose(as_, es, rtol=1e-6)
         assert set(ak[0].tolist()) <= set(self.model)
