@@ -211,3 +211,26 @@ def test_excluded_true_keys_are_never_returned_and_the_rest_is_renormalised(samp
     np.testing.assert_allclose(smp.expected_count, 5 * p_plain / (1 - excl_mass))
     with pytest.raises(InvalidBatchError, match=r"only 27 of 30 keys are not true keys"):
         core.sample_negatives("v", 28, sampler=sampler, true_keys=true, exclude_true=True)
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "log_uniform"])
+def test_the_client_merges_shards_as_a_mixture_weighted_by_rows(sampler: str) -> None:
+    """Across 3 shards the expected counts of every key sum to ``n`` (with replacement) and the empirical
+    counts pass the same chi-square test (~79 degrees of freedom: 150 is ~5.6 sd above the mean)."""
+    from carls_dask.bank import KnowledgeBank
+
+    bank = KnowledgeBank.local([_table()], n_shards=3, buckets=64)
+    keys = np.arange(80)
+    bank.lookup("v", np.repeat(keys, np.arange(80, 0, -1)), insert=True)
+    n, calls = 10, 1500
+    every = bank.sample_negatives("v", n, sampler=sampler, unique=False, true_keys=keys, seed=0)
+    assert abs(every.true_expected_count.sum() - n) < 1e-9
+    counts = np.zeros(80)
+    for s in range(calls):
+        smp = bank.sample_negatives("v", n, sampler=sampler, unique=False, seed=s + 1)
+        np.testing.assert_allclose(smp.expected_count, every.true_expected_count[smp.keys])
+        np.add.at(counts, smp.keys, 1)
+    assert _chi_square(counts, every.true_expected_count * calls) < 150
+    u = bank.sample_negatives("v", 79, sampler=sampler, unique=True, true_keys=np.array([3]), seed=2,
+                              exclude_true=True)
+    assert np.unique(u.keys).size == 79 and 3 not in u.keys.tolist()
