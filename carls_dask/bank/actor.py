@@ -20,9 +20,11 @@ import numpy as np
 from dask.utils import parse_bytes
 
 from carls_dask import config
+from carls_dask.bank.ann import AnnSettings
 from carls_dask.bank.core import LookupRows, ShardCore
 from carls_dask.bank.sampling import NegativeSample
 from carls_dask.bank.schema import TableSpec
+from carls_dask.bank.shard_sampler import SamplingSettings, ShardDraw
 from carls_dask.storage.bankstore import MAKERS_TABLE, BankReplay, encode_makers, restore_point
 from carls_dask.storage.errors import ShardLostError
 
@@ -101,6 +103,16 @@ class BankShard:
             owned_buckets=owned_buckets,
             initial_capacity=initial_capacity,
             answer_buffers=parse_bytes(config.get("bank.answer-buffers")),
+            sampling=SamplingSettings(
+                rebuild_fraction=float(config.get("bank.sampling.rebuild-fraction")),
+                rebuild_draws=float(config.get("bank.sampling.rebuild-draws")),
+            ),
+            ann=AnnSettings(
+                nlist=int(config.get("bank.ann.nlist")),
+                nprobe=int(config.get("bank.ann.nprobe")),
+                retrain_growth=float(config.get("bank.ann.retrain-growth")),
+                pending_fraction=float(config.get("bank.ann.pending-fraction")),
+            ),
         )
         self._lock = threading.RLock()
         self.log_root = log_root
@@ -306,11 +318,27 @@ class BankShard:
         return self.core.sample_negatives(table, n, **kwargs)
 
     @_locked
+    def sample_draw(self, table: str, n: int, *args: Any, **kwargs: Any) -> ShardDraw:
+        """See :meth:`ShardCore.sample_draw` (this shard's share of a bank-wide sample)."""
+        return self.core.sample_draw(table, n, *args, **kwargs)
+
+    @_locked
+    def sampling_state(self, table: str) -> dict[str, Any]:
+        """See :meth:`ShardCore.sampling_state`."""
+        return self.core.sampling_state(table)
+
+    @_locked
     def top_k(
-        self, table: str, query: np.ndarray, k: int, column: str = "embedding", metric: str = "dot"
+        self, table: str, query: np.ndarray, k: int, column: str = "embedding", metric: str = "dot",
+        method: str = "exact",
     ) -> tuple[np.ndarray, np.ndarray]:
         """See :meth:`ShardCore.top_k`."""
-        return self.core.top_k(table, query, k, column=column, metric=metric)
+        return self.core.top_k(table, query, k, column=column, metric=metric, method=method)
+
+    @_locked
+    def ann_state(self, table: str) -> dict[str, Any]:
+        """See :meth:`ShardCore.ann_state`."""
+        return self.core.ann_state(table)
 
     @_locked
     def stats(self) -> dict[str, Any]:

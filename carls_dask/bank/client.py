@@ -24,10 +24,11 @@ import numpy as np
 
 from carls_dask import config
 from carls_dask.bank.actor import BankShard
+from carls_dask.bank.ann import METHODS
 from carls_dask.bank.core import LookupResult, gather_rows
 from carls_dask.bank.hashing import bucket_of, to_int64_keys
 from carls_dask.bank.rehoming import install_walltime_plugin, publish_table, set_base
-from carls_dask.bank.sampling import NegativeSample, order_by_frequency, sample_candidates
+from carls_dask.bank.sampling import SAMPLERS, NegativeSample
 from carls_dask.bank.schema import (
     TableSpec,
     check_batch_size,
@@ -39,6 +40,7 @@ from carls_dask.bank.schema import (
     check_update,
     unknown_table,
 )
+from carls_dask.bank.shard_sampler import expected_counts, split_quota
 from carls_dask.bank.transport import DaskTransport, LocalTransport, ShardCall, stamp_op_ids
 from carls_dask.storage.errors import InvalidBatchError, LifecycleError
 
@@ -434,28 +436,90 @@ class KnowledgeBank:
         unique: bool = True,
         true_keys: Any = None,
         seed: int | None = None,
+        exclude_true: bool = False,
     ) -> NegativeSample:
-        """Sample ``n`` candidate keys of ``table`` with expected counts (logQ correction).
+        """Sample ``n`` candidate keys of ``table`` with expected counts (logQ correction), at ``O(n)`` per call.
 
-        ``log_uniform`` ranks all keys of the bank by frequency. The client gathers every shard's keys
-        and frequencies (one call per shard), so the cost grows with the table: meant for class or
-        vocabulary tables, not for tables of many millions of rows.
+        The sample is a mixture over shards: the client asks every shard for its row count, splits ``n``
+        among the shards by a multinomial draw in proportion to their rows (with ``unique``, capped at each
+        shard's rows), and each shard samples its share (see :meth:`ShardCore.sample_draw`): ``uniform``
+        over its rows, ``log_uniform`` over its own frequency ranks. A key of shard ``s`` (``n_s`` of
+        ``N`` rows, one-draw probability ``p_s`` there) has the expected count ``n * n_s / N * p_s``
+        with replacement -- exactly that of the mixture -- and TensorFlow's
+        ``1 - (1 - p_s) ** num_tries_s`` with ``unique``, from its shard's draws; ``num_tries`` is the
+        sum over shards. With ``exclude_true`` no true key is returned (each shard conditions its
+        distribution on not drawing one; see :meth:`ShardCore.sample_negatives`). With hashed keys, rank ``r`` within a shard stands for about rank ``r * shards``
+        of the bank, so the mixture is close to one log-uniform over the bank's ranks.
         """
         self.spec(table)
         n = check_sample_size(table, n)
-        parts = self._every_shard("keys_and_frequency", table)
-        keys = np.concatenate([p[0] for p in parts])
-        freq = np.concatenate([p[1] for p in parts])
-        tk = None if true_keys is None else to_int64_keys(true_keys, table)
-        return sample_candidates(
-            table, order_by_frequency(keys, freq), n, sampler=sampler, unique=unique,
-            true_keys=tk, rng=np.random.default_rng(seed),
-        )
+        if sampler not in SAMPLERS:
+            raise InvalidBatchError(f"table {table!r}: sampler {sampler!r} is unknown; expected one of {SAMPLERS}")
+        if n <= 0:
+            raise InvalidBatchError(f"table {table!r}: sample size must be positive, got n={n}")
+        rows = [int(r) for r in self._every_shard("size", table)]
+        total = sum(rows)
+        if total == 0:
+            raise InvalidBatchError(f"table {table!r}: cannot sample from an empty table")
+        if unique and n > total:
+            raise InvalidBatchError(
+                f"table {table!r}: asked for {n} unique candidates but the table holds only {total} keys"
+            )
+        rng = np.random.default_rng(seed)
+        tk = None if true_keys is None else check_keys(table, to_int64_keys(true_keys, table), allow_empty=True)
+        routes = dict(self._route(tk)) if tk is not None and tk.size else {}
+        room = list(rows)
+        if exclude_true:  # a shard can give at most its rows less its true keys
+            room = [max(r - (np.unique(tk[routes[s]]).size if s in routes and tk is not None else 0), 0)
+                    for s, r in enumerate(rows)]
+            if unique and n > sum(room):
+                raise InvalidBatchError(f"table {table!r}: asked for {n} unique candidates but only "
+                                        f"{sum(room)} of {total} keys are not true keys")
+        quota = split_quota(n, room, unique, rng)  # mixture weights: rows (less true keys when they are excluded)
+        weight = sum(room)
+        seeds = rng.integers(0, 2**63 - 1, size=self.n_shards)
+        calls, who = [], []
+        for s in range(self.n_shards):
+            if quota[s] > 0:
+                idx = routes.get(s)
+                calls.append(ShardCall(s, "sample_draw", (table, int(quota[s]), sampler, unique,
+                                                           None if idx is None or tk is None else tk[idx], int(seeds[s]),
+                                                           exclude_true)))
+                who.append(s)
+        draws = self._call(calls)
+        keys, expected = [], []
+        true_expected = np.zeros(0 if tk is None else tk.shape[0], dtype=np.float64)
+        tries = 0
+        for s, d in zip(who, draws, strict=True):
+            share = room[s] / weight
+            keys.append(d.keys)
+            if unique:
+                expected.append(expected_counts(n, True, d.num_tries, d.prob))
+            else:
+                expected.append(n * share * d.prob)
+            if s in routes:
+                tp = expected_counts(n, True, d.num_tries, d.true_prob) if unique else n * share * d.true_prob
+                true_expected[routes[s]] = tp
+            tries += d.num_tries
+        if tk is not None and not unique:  # true keys of shards that drew nothing still have a probability
+            rest = [s for s in routes if quota[s] == 0 and rows[s] > 0]
+            if rest:
+                probs = self._call([ShardCall(s, "sample_draw", (table, 1, sampler, False, tk[routes[s]], 0))
+                                    for s in rest])
+                for s, d in zip(rest, probs, strict=True):
+                    true_expected[routes[s]] = n * room[s] / weight * d.true_prob
+        return NegativeSample(keys=np.concatenate(keys).astype(np.int64), expected_count=np.concatenate(expected),
+                              true_expected_count=true_expected, num_tries=int(tries))
 
     def top_k(
-        self, table: str, query: Any, k: int, column: str = "embedding", metric: str = "dot"
+        self, table: str, query: Any, k: int, column: str = "embedding", metric: str = "dot",
+        method: str = "exact",
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Exact top-k keys by dot product or cosine, merged across shards: ``(keys[q, k], scores[q, k])``.
+        """Top-k keys by dot product or cosine, merged across shards: ``(keys[q, k], scores[q, k])``.
+
+        ``method="exact"`` searches every row; ``method="ivf"`` searches each shard's FAISS IVF index of
+        the column (approximate, kept current as rows change; ``carls.bank.ann.*`` sets its shape), and the
+        shards' answers are merged the same way.
 
         Raises
         ------
@@ -464,7 +528,9 @@ class KnowledgeBank:
         """
         q = np.asarray(query)
         q = check_top_k_query(self.spec(table), q[None, :] if q.ndim == 1 else q, k, column, metric)
-        parts = self._every_shard("top_k", table, q, int(k), column, metric)
+        if method not in METHODS:
+            raise InvalidBatchError(f"table {table!r}: top_k method {method!r} is unknown; expected one of {METHODS}")
+        parts = self._every_shard("top_k", table, q, int(k), column, metric, method)
         keys = np.concatenate([p[0] for p in parts], axis=1)
         scores = np.concatenate([p[1] for p in parts], axis=1)
         if keys.shape[1] < int(k):

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.bank.ann import METHODS, AnnIndex, AnnSettings
 from carls_dask.bank.bounds import TableBounds, choose_victims, expired_rows, low_water, victim_scores
 from carls_dask.bank.buffers import BufferPool
 from carls_dask.bank.gradsum import sum_by_row
@@ -22,7 +23,7 @@ from carls_dask.bank.hashing import bucket_of_hash, mix_seed, splitmix64
 from carls_dask.bank.initializers import initial_block
 from carls_dask.bank.keyindex import KeyIndex
 from carls_dask.bank.optimizers import STEP_SLOT, apply_optimizer, initial_slots
-from carls_dask.bank.sampling import NegativeSample, order_by_frequency, sample_candidates
+from carls_dask.bank.sampling import NegativeSample
 from carls_dask.bank.schema import (
     Column,
     TableSpec,
@@ -36,6 +37,14 @@ from carls_dask.bank.schema import (
     unknown_table,
 )
 from carls_dask.bank.segments import SegmentedArray
+from carls_dask.bank.shard_sampler import (
+    RankOrder,
+    SamplingSettings,
+    ShardDraw,
+    describe,
+    draw_from_shard,
+    expected_counts,
+)
 from carls_dask.bank.topk import exact_top_k
 from carls_dask.storage.errors import (
     IncompatibleStoreError,
@@ -307,6 +316,11 @@ class ShardCore:
     answer_buffers
         Bytes of large answer arrays kept for reuse (see :class:`~carls_dask.bank.buffers.BufferPool`);
         0 allocates every answer afresh.
+    sampling
+        When the frequency-rank order of ``log_uniform`` sampling is rebuilt
+        (see :mod:`carls_dask.bank.shard_sampler`); defaults to :class:`SamplingSettings` ``()``.
+    ann
+        Shape and upkeep of the IVF indexes of ``top_k(method="ivf")`` (see :mod:`carls_dask.bank.ann`).
     """
 
     def __init__(
@@ -321,6 +335,8 @@ class ShardCore:
         clock: Callable[[], float] = time.time,
         check_ownership: bool = True,
         answer_buffers: int = 0,
+        sampling: SamplingSettings | None = None,
+        ann: AnnSettings | None = None,
     ) -> None:
         if not tables:
             raise ValueError("a shard needs at least one table")
@@ -345,6 +361,10 @@ class ShardCore:
         self._maker_codes: dict[str, int] = {"": 0}
         self.version = 0
         self.tables: dict[str, TableState] = {}
+        self.sampling = sampling if sampling is not None else SamplingSettings()
+        self._rank_orders: dict[str, RankOrder] = {}
+        self.ann = ann if ann is not None else AnnSettings()
+        self._ann: dict[tuple[str, str, str], AnnIndex] = {}
         for spec in tables:
             if not spec.is_resolved:
                 raise ValueError(f"table {spec.name!r}: the spec must be resolved before a shard holds it")
@@ -430,6 +450,8 @@ class ShardCore:
                     slots[sname][at] = arr
         t.n += m
         t.index.insert(keys, rows, t.keys, hashes)
+        if self._ann:
+            self._ann_touch(t, keys)
         return rows
 
     # -- reads ------------------------------------------------------------------------------------------
@@ -490,6 +512,8 @@ class ShardCore:
                 urows = self._bounded_insert(t, bnd, uniq, h[first], counts, urows, missing, est, now)
                 if (urows < 0).any():
                     rejected = (urows < 0)[inverse]
+            if (order := self._rank_orders.get(table)) is not None:
+                order.note_changes(uniq.size)
             self.version += 1
             rows = urows[inverse]
             meta = self.buffers.empty((k.shape[0], 4), np.int64)
@@ -649,6 +673,8 @@ class ShardCore:
             urows[missing] = self._allocate(t, uniq[missing], b[last[missing]], now, h[last[missing]])
         for name, v in checked.items():
             t.cols[name][urows] = v[last]
+        if self._ann:
+            self._ann_touch(t, uniq)
         self._touch(t, urows, now, int(model_step), code)
         if bnd is not None:  # an update always writes (no admission), then the cap holds again
             self._enforce_cap(t, bnd, urows)
@@ -726,6 +752,8 @@ class ShardCore:
             t.cols[name][urows] = new_w
             for s, a in new_slots.items():
                 slots[s][urows] = a
+        if self._ann:
+            self._ann_touch(t, t.keys[urows])
         self._touch(t, urows, now, None, None)
         return found
 
@@ -743,6 +771,10 @@ class ShardCore:
         tail = np.arange(n_new, t.n)
         movers = tail[~np.isin(tail, dead, assume_unique=True)]
         holes = dead[dead < n_new]
+        if (order := self._rank_orders.get(table)) is not None:
+            order.on_delete(t.keys, t.n, dead, movers, holes)
+        if self._ann:
+            self._ann_touch(t, t.keys[dead])
         if movers.size:
             slots, _ = t.index.find_slots(t.keys[movers], t.keys)
             for _name, arr in list(t.storage()):
@@ -763,34 +795,109 @@ class ShardCore:
         unique: bool = True,
         true_keys: Any = None,
         seed: int | None = None,
+        exclude_true: bool = False,
     ) -> NegativeSample:
-        """Sample candidates from this shard's keys (see :func:`carls_dask.bank.sampling.sample_candidates`)."""
+        """Sample ``n`` candidates from this shard's keys at ``O(n)`` per call, with expected counts.
+
+        ``uniform`` draws rows directly; ``log_uniform`` draws frequency ranks from a rank order rebuilt
+        lazily (see :mod:`carls_dask.bank.shard_sampler`, which says which distribution is sampled and
+        when the order is rebuilt). Expected counts are ``n * p`` (with replacement) or TensorFlow's
+        ``1 - (1 - p) ** num_tries`` (unique) for the one-draw probability ``p`` of that distribution.
+        With ``exclude_true`` the true keys are never returned (the distribution is conditioned on
+        not drawing one, and their own expected counts are 0).
+        """
         n = check_sample_size(table, n)
-        keys, freq = self.keys_and_frequency(table)
-        tk = None if true_keys is None else check_keys(table, true_keys, allow_empty=True)
-        return sample_candidates(
-            table,
-            order_by_frequency(keys, freq),
-            int(n),
-            sampler=sampler,
-            unique=unique,
-            true_keys=tk,
-            rng=np.random.default_rng(seed),
+        d = self.sample_draw(table, n, sampler=sampler, unique=unique, true_keys=true_keys, seed=seed,
+                             exclude_true=exclude_true)
+        return NegativeSample(
+            keys=d.keys,
+            expected_count=expected_counts(n, unique, d.num_tries, d.prob),
+            true_expected_count=expected_counts(n, unique, d.num_tries, d.true_prob),
+            num_tries=d.num_tries,
         )
 
+    def sample_draw(
+        self,
+        table: str,
+        n: int,
+        sampler: str = "uniform",
+        unique: bool = True,
+        true_keys: Any = None,
+        seed: int | None = None,
+        exclude_true: bool = False,
+    ) -> ShardDraw:
+        """:meth:`sample_negatives` as one-draw probabilities (what the client merges across shards)."""
+        t = self.table(table)
+        n = check_sample_size(table, n)
+        if n <= 0:
+            raise InvalidBatchError(f"table {table!r}: sample size must be positive, got n={n}")
+        true_rows = None
+        if true_keys is not None:
+            tk = check_keys(table, true_keys, allow_empty=True)
+            true_rows = t.index.find(tk, t.keys) if tk.size else np.zeros(0, dtype=np.int64)
+        order = None
+        if sampler == "log_uniform":
+            order = self._rank_orders.get(table)
+            if order is None:
+                order = self._rank_orders[table] = RankOrder(self.sampling)
+        return draw_from_shard(table, t.keys, t.frequency, t.n, order, int(n), sampler=sampler, unique=unique,
+                               true_rows=true_rows, rng=np.random.default_rng(seed), exclude_true=exclude_true)
+
+    def sampling_state(self, table: str) -> dict[str, Any]:
+        """Counters of ``table``'s frequency-rank order (``built``, ``rebuilds``, ``ranks``, ``tombstones``, ...)."""
+        self.table(table)
+        return describe(self._rank_orders.get(table))
+
     def top_k(
-        self, table: str, query: Any, k: int, column: str = "embedding", metric: str = "dot"
+        self, table: str, query: Any, k: int, column: str = "embedding", metric: str = "dot",
+        method: str = "exact",
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Exact top-k rows of this shard by dot product or cosine similarity.
+        """Top-k rows of this shard by dot product or cosine similarity, exact or approximate.
 
         Returns ``(keys[q, k'], scores[q, k'])`` best first (ties: smaller key first), where
-        ``k' = min(k, usable rows)`` (rows with a zero norm are not usable under cosine). Large tables
-        and query batches use FAISS's exact flat index when ``faiss`` is installed, NumPy otherwise
-        (see :func:`carls_dask.bank.topk.exact_top_k`).
+        ``k' = min(k, usable rows)`` (rows with a zero norm are not usable under cosine). With
+        ``method="exact"`` large tables and query batches use FAISS's exact flat index when ``faiss`` is
+        installed, NumPy otherwise (see :func:`carls_dask.bank.topk.exact_top_k`). With ``method="ivf"``
+        a FAISS IVF index of the column, kept current as rows change, is searched (see
+        :mod:`carls_dask.bank.ann`): the scores are exact, the rows found approximate.
         """
         t = self.table(table)
+        if method not in METHODS:
+            raise InvalidBatchError(f"table {table!r}: top_k method {method!r} is unknown; expected one of {METHODS}")
         q = check_top_k_query(t.spec, query, k, column, metric)
-        return exact_top_k(t.cols[column][: t.n], t.keys[: t.n], q, int(k), metric, backend="auto")
+        if method == "exact" or t.n == 0:
+            return exact_top_k(t.cols[column][: t.n], t.keys[: t.n], q, int(k), metric, backend="auto")
+        return self._ann_top_k(t, q, int(k), column, metric)
+
+    def _ann_top_k(self, t: TableState, q: np.ndarray, k: int, column: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`top_k` through the table's IVF index (created on first use, refreshed before searching)."""
+        ix = self._ann.get((t.spec.name, column, metric))
+        if ix is None:
+            ix = self._ann[(t.spec.name, column, metric)] = AnnIndex(t.spec.column(column).shape[0], metric, self.ann)
+        col = t.cols[column]
+        ix.refresh(lambda i, j: col[i:j], lambda rows: col[rows], lambda ks: t.index.find(ks, t.keys), t.keys, t.n)
+        qq = np.asarray(q, dtype=np.float32)
+        if metric == "cosine":
+            qq = qq / np.maximum(np.linalg.norm(qq, axis=1, keepdims=True), 1e-12)
+        out_k, out_s, short = ix.search(qq, k)
+        if short.any():  # fewer rows in the probed cells than k: answer those query rows exactly
+            rows = np.flatnonzero(short)
+            ek, es = exact_top_k(col[: t.n], t.keys[: t.n], q[rows], k, metric, backend="auto")
+            out_k[rows], out_s[rows] = ek[:, : out_k.shape[1]], es[:, : out_k.shape[1]]
+        return out_k, out_s
+
+    def _ann_touch(self, t: TableState, keys: np.ndarray) -> None:
+        """Tell ``t``'s IVF indexes that the rows of ``keys`` were written, added or deleted."""
+        for (name, _, _), ix in self._ann.items():
+            if name == t.spec.name:
+                ix.touch(keys, t.n)
+
+    def ann_state(self, table: str) -> dict[str, Any]:
+        """Builds, updates and size of ``table``'s IVF indexes, by ``column/metric``."""
+        self.table(table)
+        return {f"{c}/{m}": {"built": ix.index is not None, "builds": ix.builds, "updates": ix.updates,
+                             "vectors": 0 if ix.index is None else int(ix.index.ntotal), "bytes": ix.nbytes}
+                for (name, c, m), ix in self._ann.items() if name == table}
 
     # -- state ------------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -898,6 +1005,8 @@ class ShardCore:
                 continue
             if name == "frequency":
                 t.frequency[at] = v
+                if (order := self._rank_orders.get(table)) is not None:
+                    order.note_changes(n)
             elif name == "prov/maker":
                 names = list(makers) if makers is not None else self.makers
                 lut = np.array([self.maker_code(m) for m in names], dtype=np.int32)
@@ -906,6 +1015,8 @@ class ShardCore:
                 t.prov[name[5:]][at] = v
             elif name.startswith("col/"):
                 t.cols[name[4:]][at] = v
+                if self._ann:
+                    self._ann_touch(t, keys)
             elif name.startswith("slot/"):
                 _, cname, sname = name.split("/")
                 t.ensure_slots(cname)[sname][at] = v

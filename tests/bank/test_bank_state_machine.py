@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -97,6 +98,39 @@ class BankModel(RuleBasedStateMachine):
         assert present.tolist() == [k in self.model for k in keys]
         for k in keys:
             self.model.pop(k, None)
+
+    @rule(data=st.data(), sampler=st.sampled_from(["uniform", "log_uniform"]), unique=st.booleans(),
+          exclude=st.booleans(), seed=st.integers(0, 2**16))
+    def sample_negatives(self, data: st.DataObject, sampler: str, unique: bool, exclude: bool, seed: int) -> None:
+        live = sorted(self.model)
+        true = data.draw(st.lists(st.sampled_from(live), max_size=3)) if live else []
+        room = len(live) - (len(set(true)) if exclude else 0)
+        if room == 0:
+            return
+        n = data.draw(st.integers(1, room if unique else 8))
+        s = self.core.sample_negatives("t", n, sampler=sampler, unique=unique, true_keys=np.array([*true, 10 ** 6]),
+                                       seed=seed, exclude_true=exclude)
+        assert set(s.keys.tolist()) <= set(live) and s.keys.size == n
+        if unique:
+            assert np.unique(s.keys).size == n
+        if exclude:
+            assert not set(s.keys.tolist()) & set(true)
+        assert s.true_expected_count[-1] == 0.0
+        # one-draw probabilities of every live key sum to one: the rank order (tail ranks, tombstones) is exact
+        every = self.core.sample_negatives("t", 1, sampler=sampler, unique=False, true_keys=np.array(live), seed=0)
+        assert abs(every.true_expected_count.sum() - 1.0) < 1e-9
+
+    @rule(q=st.lists(HALVES, min_size=DIM, max_size=DIM), k=st.integers(1, 5))
+    def top_k_ivf_follows_the_rows(self, q: list[float], k: int) -> None:
+        if not self.model or not any(q):
+            return
+        query = np.array([q], dtype=np.float32)
+        _ek, es = self.core.top_k("t", query, k, method="exact")
+        ak, as_ = self.core.top_k("t", query, k, method="ivf")  # under 39 rows: one cell, scanned in full
+        np.testing.assert_allclose(as_, es, rtol=1e-6)
+        assert set(ak[0].tolist()) <= set(self.model)
+        for key, score in zip(ak[0].tolist(), as_[0].tolist(), strict=True):
+            assert float(np.dot(self.model[key]["emb"], query[0])) == pytest.approx(score, rel=1e-6, abs=1e-6)
 
     @rule(keys=BATCH, bad=st.sampled_from(["nan", "shape"]))
     def bad_update_changes_nothing(self, keys: list[int], bad: str) -> None:

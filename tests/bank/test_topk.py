@@ -237,3 +237,50 @@ def test_bad_arguments_name_what_was_given_and_expected() -> None:
         exact_top_k(vectors, keys, np.ones((1, 3)), 3, "dot")
     with pytest.raises(InvalidShapeError, match="expected"):
         exact_top_k(vectors, keys[:5], np.ones((1, 4)), 3, "dot")
+
+
+_CENTRES = np.random.default_rng(70).normal(size=(200, 64)).astype(np.float32)
+
+
+def _clustered(n: int, d: int, rng: np.random.Generator) -> np.ndarray:
+    """A Gaussian mixture around 200 fixed centres (ANN recall on uniform random vectors means nothing)."""
+    c = _CENTRES[:, :d]
+    return (c[rng.integers(0, c.shape[0], n)] + 0.35 * rng.normal(size=(n, d))).astype(np.float32)
+
+
+def _recall(core: ShardCore, q: np.ndarray, metric: str) -> float:
+    ek, _ = core.top_k("c", q, 10, metric=metric, method="exact")
+    ak, as_ = core.top_k("c", q, 10, metric=metric, method="ivf")
+    assert np.all(np.diff(as_, axis=1) <= 0)
+    return float(np.mean([np.intersect1d(a, e).size / 10 for a, e in zip(ak, ek, strict=True)]))
+
+
+@pytest.mark.skipif(not faiss_available(), reason="faiss is not installed")
+@pytest.mark.parametrize("metric", ["dot", "cosine"])
+def test_ivf_top_k_recall_and_it_stays_current_after_updates_and_deletes(metric: str) -> None:
+    rng = np.random.default_rng(7)
+    spec = TableSpec("c", columns=(Column("embedding", shape=(64,)),), optimizer="sgd", learning_rate=0.5,
+                     initializer="zeros", init_scale=0.0)
+    core = ShardCore([spec], initial_capacity=1 << 16)
+    n = 50_000
+    keys = np.arange(n, dtype=np.int64) * 3
+    core.update("c", keys, {"embedding": _clustered(n, 64, rng)})
+    q = _clustered(64, 64, rng)
+    assert _recall(core, q, metric) >= 0.95
+    assert core.ann_state("c")[f"embedding/{metric}"]["builds"] == 1
+    # move 2 % of the rows onto the queries, delete 1 %, add 1 %: the index follows without a rebuild
+    moved = keys[rng.choice(np.arange(500, n), 1000, replace=False)]
+    core.update("c", moved, {"embedding": _clustered(1000, 64, rng)})
+    core.apply_gradients("c", moved[:10], -np.repeat(q[:1], 10, axis=0))  # sgd: w += 0.5 * q[0]
+    core.update("c", moved[:10], {"embedding": np.repeat(q[:1], 10, axis=0) * 1.5})  # the best rows of q[0]
+    gone = keys[:500]
+    core.delete("c", gone)
+    core.update("c", np.arange(500) * 3 + 1, {"embedding": _clustered(500, 64, rng)})
+    assert _recall(core, q, metric) >= 0.95
+    ak, _ = core.top_k("c", q[:1], 10, metric=metric, method="ivf")
+    assert sorted(ak[0].tolist()) == sorted(moved[:10].tolist())
+    assert not np.isin(core.top_k("c", q, 10, metric=metric, method="ivf")[0], gone).any()
+    st = core.ann_state("c")[f"embedding/{metric}"]
+    assert st["builds"] == 1 and st["updates"] == 1 and st["vectors"] == n
+    with pytest.raises(InvalidBatchError, match="method 'hnsw'"):
+        core.top_k("c", q, 10, method="hnsw")
