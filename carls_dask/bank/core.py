@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from carls_dask.bank.buffers import BufferPool
+from carls_dask.bank.dirty import DirtyRows
 from carls_dask.bank.hashing import (
     bucket_of_hash,
     mix_seed,
@@ -25,6 +26,7 @@ from carls_dask.bank.hashing import (
 )
 from carls_dask.bank.keyindex import KeyIndex
 from carls_dask.bank.optimizers import STEP_SLOT, apply_optimizer, initial_slots
+from carls_dask.bank.rowview import RowView, live_rows
 from carls_dask.bank.sampling import NegativeSample, order_by_frequency, sample_candidates
 from carls_dask.bank.schema import (
     Column,
@@ -333,6 +335,8 @@ class ShardCore:
             if spec.name in self.tables:
                 raise ValueError(f"duplicate table name {spec.name!r}")
             self.tables[spec.name] = TableState(spec, self.initial_capacity)
+        # rows changed and keys deleted since the last committed snapshot (incremental snapshots)
+        self.dirty: dict[str, DirtyRows] = {name: DirtyRows() for name in self.tables}
 
     # -- helpers ----------------------------------------------------------------------------------------
     def table(self, name: str) -> TableState:
@@ -407,6 +411,7 @@ class ShardCore:
                     slots[sname][rows] = arr
         t.n += m
         t.index.insert(keys, rows, t.keys, hashes)
+        self.dirty[t.spec.name].mark(slice(t.n - m, t.n))
         return rows
 
     # -- reads ------------------------------------------------------------------------------------------
@@ -453,6 +458,7 @@ class ShardCore:
                 urows[missing] = self._allocate(t, uniq[missing], b[first[missing]], now, h[first[missing]])
                 t.prov["version"][urows[missing]] = 1
             t.frequency[urows] += counts
+            self.dirty[t.spec.name].mark(urows)
             self.version += 1
             rows = urows[inverse]
             meta = self.buffers.empty((k.shape[0], 4), np.int64)
@@ -555,6 +561,7 @@ class ShardCore:
             t.prov["model_step"][rows] = model_step
         if code is not None:
             t.prov["maker"][rows] = code
+        self.dirty[t.spec.name].mark(rows)
         self.version += 1
 
     def apply_gradients(
@@ -647,6 +654,7 @@ class ShardCore:
         if dead.size == 0:
             return present
         n_new = t.n - dead.size
+        self.dirty[t.spec.name].deleted(t.keys[dead])
         t.index.remove(t.keys[dead], t.keys)
         tail = np.arange(n_new, t.n)
         movers = tail[~np.isin(tail, dead, assume_unique=True)]
@@ -656,6 +664,7 @@ class ShardCore:
             for _name, arr in list(t.storage()):
                 arr[holes] = arr[movers]
             t.index.set_rows(slots, holes)
+        self.dirty[t.spec.name].moved(holes, movers, n_new)
         t.n = n_new
         if t.index.dead > t.index.live:
             t.index.rebuild(max(t.n, 1), t.keys, None)
@@ -722,7 +731,26 @@ class ShardCore:
 
     def export_state(self) -> dict[str, Any]:
         """The shard's whole state as JSON-able meta plus row-aligned numpy arrays (copies)."""
-        meta = {
+        meta = self.export_state_meta()
+        tables = {name: {a: arr[: t.n].copy() for a, arr in t.arrays()} for name, t in self.tables.items()}
+        return {"meta": meta, "tables": tables}
+
+    # -- snapshots without a whole-state copy (see carls_dask.bank.dirty) ----------------------------------
+    def state_view(self) -> dict[str, Any]:
+        """:meth:`export_state` without the copy: the live rows as views (:func:`~carls_dask.bank.rowview.live_rows`).
+
+        The views are only valid while nothing mutates the shard (the actor holds its lock while a
+        snapshot writer reads them chunk by chunk).
+        """
+        state = self.export_state_meta()
+        tables: dict[str, dict[str, np.ndarray | RowView]] = {
+            name: {a: live_rows(arr, t.n) for a, arr in t.arrays()} for name, t in self.tables.items()
+        }
+        return {"meta": state, "tables": tables}
+
+    def export_state_meta(self) -> dict[str, Any]:
+        """The ``meta`` part of :meth:`export_state`."""
+        return {
             "format": STATE_FORMAT,
             "shard": self.shard,
             "n_shards": self.n_shards,
@@ -732,8 +760,51 @@ class ShardCore:
             "makers": list(self.makers),
             "version": self.version,
         }
-        tables = {name: {a: arr[: t.n].copy() for a, arr in t.arrays()} for name, t in self.tables.items()}
-        return {"meta": meta, "tables": tables}
+
+    def changed_rows(self) -> int:
+        """Rows changed (or allocated) since the last snapshot mark, over all tables."""
+        return sum(self.dirty[name].count(t.n) for name, t in self.tables.items())
+
+    def freeze_changes(self) -> None:
+        """Move the change marks to pending: a snapshot of the current state starts (see :mod:`~carls_dask.bank.dirty`)."""
+        for d in self.dirty.values():
+            d.freeze()
+
+    def export_changes(self) -> dict[str, Any]:
+        """The rows changed and keys deleted since the last committed snapshot (freezing the marks first).
+
+        Returns
+        -------
+        dict
+            ``meta`` as in :meth:`export_state`; ``tables``: per table, the changed rows' full arrays
+            (copies, named as in :meth:`export_state`); ``deleted``: per table, ``keys`` (int64) and
+            ``bucket`` (int32) deleted since and not present now (a key deleted and inserted again is an
+            upsert). Call :meth:`commit_changes` once the snapshot holding them is committed,
+            :meth:`rollback_changes` when it is not.
+        """
+        if not all(d.frozen for d in self.dirty.values()):
+            self.freeze_changes()
+        tables: dict[str, dict[str, np.ndarray]] = {}
+        deleted: dict[str, dict[str, np.ndarray]] = {}
+        for name, t in self.tables.items():
+            d = self.dirty[name]
+            rows = d.frozen_rows(t.n)
+            tables[name] = {a: np.asarray(arr[rows]) for a, arr in t.arrays()}
+            gone = d.frozen_deleted()
+            if gone.size:
+                gone = gone[t.index.find(gone, t.keys) < 0]
+            deleted[name] = {"keys": gone, "bucket": bucket_of_hash(splitmix64(gone.view(np.uint64)), self.buckets)}
+        return {"meta": self.export_state_meta(), "tables": tables, "deleted": deleted}
+
+    def commit_changes(self) -> None:
+        """The snapshot that froze the change marks is committed: forget them."""
+        for d in self.dirty.values():
+            d.commit()
+
+    def rollback_changes(self) -> None:
+        """The snapshot that froze the change marks was not committed: they count again."""
+        for d in self.dirty.values():
+            d.rollback()
 
     @classmethod
     def from_state(
@@ -815,4 +886,5 @@ class ShardCore:
             elif name.startswith("slot/"):
                 _, cname, sname = name.split("/")
                 t.ensure_slots(cname)[sname][at] = v
+        self.dirty[table].mark(at if isinstance(at, slice) else rows)
         return int(n)
