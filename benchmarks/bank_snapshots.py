@@ -177,8 +177,8 @@ def main() -> None:
     ap.add_argument("--changed", type=float, default=0.01)
     args = ap.parse_args()
     out = incremental_vs_full(args.rows, args.changed)
-    print(json.dumps(out, indent=1))  # noqa: T201 - a benchmark's report
-    print(  # noqa: T201
+    print(json.dumps(out, indent=1))
+    print(
         f"full {out['full_s']:.2f} s, incremental {out['incremental_s']:.3f} s: ratio {out['ratio']:.3f} "
         f"(target <= {TARGET_RATIO}); restore {out['restore_s']:.2f} s; RSS peak / payload "
         f"{out['rss_peak_over_payload']:.2f}, growth / payload {out['rss_growth_over_payload']:.2f} "

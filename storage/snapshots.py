@@ -20,6 +20,28 @@ A snapshot is written in three steps: :func:`begin_snapshot` makes a new version
 :func:`commit_snapshot` writes ``snapshot.json`` and then swaps ``manifest.json``. A process killed before
 the swap leaves the previous snapshot listed, complete and untouched.
 
+**Incremental snapshots.** A version begun with ``parent=P`` (:func:`begin_snapshot`) may hold, per shard,
+only what changed since ``P``: the rows upserted since (full rows, in the same arrays as a full snapshot)
+plus ``<table>/deleted_keys`` and ``<table>/deleted_bucket`` (keys deleted since and absent now). Such a
+shard's entry names its ``parent``; a shard with nothing to build on writes in full in the same version. At
+commit, the root manifest's entry records ``parent``, ``depends`` (every version needed to read it, down to
+the full snapshots), ``chain`` (increments since the last full one) and ``changed_rows`` (rows those
+increments hold), which :func:`carls_dask.storage.bankstore.next_parent` uses to make every N-th snapshot
+(or one whose increments grew past a fraction of the bank) full again: compaction. A restore folds a
+shard's chain oldest first (base rows, then each increment's deletes and upserts:
+:class:`carls_dask.storage.bankstore.BankReplay`); :func:`prune_versions` never drops a version a kept
+one depends on. :func:`read_snapshot` reads one version's stored rows only (for an increment, its changes).
+
+**No whole-state copy.** :func:`write_shard` gathers each array's rows into bucket order one chunk at a
+time (:func:`carls_dask.storage.chunkio.write_chunks`), so it can be handed views of a live shard's rows
+(``ShardCore.state_view``, or :class:`carls_dask.bank.rowview.RowView` for segmented storage read with
+``a[rows]``) instead of a copy. The memory a full snapshot adds is one chunk per writer thread plus the
+bucket order (8 bytes a row). Consistency is the caller's: the bank shard holds its lock for the whole
+write (``BankShard.snapshot``), so a snapshot is the shard's state at one point, after every acknowledged
+batch before it and before every later one. That blocks the shard's writes (and waits its reads) for the
+write's duration, as the earlier copy-then-write did for the copy and the write; copy-on-write would
+shorten it, at the price of a second copy of every row written meanwhile, and is not done.
+
 The manifests are read and checked by :mod:`carls_dask.storage.manifest` (``list_snapshots`` and
 ``read_manifest`` are re-exported here); uncompressed chunks are written and read by
 :mod:`carls_dask.storage.chunkio`. This module knows nothing of the delta log: a snapshot records, per

@@ -127,9 +127,3 @@ class DirtyRows:
         self._deleted = [*self._pending_deleted, *self._deleted]
         self.pending = None
         self._pending_deleted = []
-
-    def reset(self, n: int) -> None:
-        """Mark all ``n`` rows changed and forget deletes (the next snapshot must be full anyway)."""
-        self.marks = np.zeros(max(n, 1024), dtype=bool)
-        self.marks[:n] = True
-        self._deleted = []
