@@ -248,7 +248,8 @@ def _validate_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
         if missing:
             raise InvalidBatchError(f"shard state table {tname!r}: missing arrays {missing}; expected {list(_REQUIRED)}")
         out: dict[str, np.ndarray] = {}
-        n = np.asarray(arrays["keys"]).shape[0]
+        keys = arrays["keys"]
+        n = int(keys.shape[0]) if _is_row_source(keys) else np.asarray(keys).shape[0]
         for name, arr in arrays.items():
             parts = name.split("/")
             if not all(_NAME_RE.match(p) for p in parts) or (
