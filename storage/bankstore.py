@@ -29,8 +29,8 @@ import numpy as np
 
 from carls_dask.storage.deltalog import DeltaRecord, prune_segments, replay
 from carls_dask.storage.errors import CorruptStoreError, LifecycleError, StoreNotFoundError
-from carls_dask.storage.manifest import delta_seqs, entry_at_step, read_manifest
-from carls_dask.storage.snapshots import prune_versions, read_snapshot
+from carls_dask.storage.manifest import delta_seqs, entry_at_step, list_snapshots, read_manifest
+from carls_dask.storage.snapshots import prune_versions, read_deleted, read_snapshot
 
 __all__ = [
     "MAKERS_TABLE",
@@ -38,6 +38,7 @@ __all__ = [
     "RowBatch",
     "decode_makers",
     "encode_makers",
+    "next_parent",
     "prune_snapshots",
     "restore_point",
 ]
@@ -104,6 +105,8 @@ class RowBatch:
         The record's sequence number in that shard's delta log; 0 for snapshot rows.
     step : int
         The snapshot's step, or the step recorded with the delta record.
+    layered : bool
+        Snapshot rows of an incremental snapshot's chain (a key may come more than once, deletes too).
     """
 
     table: str
@@ -113,6 +116,7 @@ class RowBatch:
     shard: int
     seq: int
     step: int
+    layered: bool = False
 
     @property
     def from_snapshot(self) -> bool:
@@ -208,14 +212,46 @@ class BankReplay:
             yield from self._log_rows()
 
     def _snapshot_rows(self) -> Iterator[RowBatch]:
+        """Per saved shard: its rows in the full snapshot its chain starts at, then each increment's deletes and
+        upserts, oldest first (an increment names its ``parent`` per shard)."""
         man = self.manifest
         if man is None or self.root is None:
             return
-        makers = list(self.makers)
+        manifests: dict[int, dict[str, Any]] = {self.version: man}
         for s_key in man["shards"]:
-            data = read_snapshot(self.root, self.version, self.buckets, tables=self.tables, shards=[int(s_key)])
-            for table, arrays in data.items():
-                yield RowBatch(table, "upsert", arrays, makers, int(s_key), 0, int(man["step"]))
+            chain = [self.version]
+            while (parent := manifests[chain[-1]]["shards"][s_key].get("parent")) is not None:
+                if int(parent) not in manifests:
+                    manifests[int(parent)] = read_manifest(self.root, int(parent))
+                if s_key not in manifests[int(parent)]["shards"]:
+                    raise CorruptStoreError(f"snapshot v{chain[-1]} of {self.root}: shard {s_key} builds on v{parent}, "
+                                            "which has no such shard")
+                chain.append(int(parent))
+            layered = len(chain) > 1
+            for v in reversed(chain):
+                vman = manifests[v]
+                lut = self._maker_lut(vman["makers"])
+                if vman["shards"][s_key].get("parent") is not None:
+                    gone = read_deleted(self.root, v, int(s_key), self.buckets, tables=self.tables)
+                    for table, arrays in gone.items():
+                        if arrays["keys"].size:
+                            yield RowBatch(table, "delete", arrays, list(self.makers), int(s_key), 0,
+                                           int(vman["step"]), layered)
+                data = read_snapshot(self.root, v, self.buckets, tables=self.tables, shards=[int(s_key)])
+                for table, arrays in data.items():
+                    if lut is not None and "prov/maker" in arrays:
+                        arrays["prov/maker"] = lut[arrays["prov/maker"]]
+                    yield RowBatch(table, "upsert", arrays, list(self.makers), int(s_key), 0, int(vman["step"]),
+                                   layered)
+
+    def _maker_lut(self, names: Sequence[str]) -> np.ndarray | None:
+        """Codes of an older version's maker list as indexes of :attr:`makers` (None when they are the same)."""
+        if list(names) == self.makers[: len(names)]:
+            return None
+        for name in names:
+            if name not in self.makers:
+                self.makers.append(name)
+        return np.array([self.makers.index(n) for n in names] or [0], dtype=np.int32)
 
     def _log_rows(self) -> Iterator[RowBatch]:
         assert self.log_root is not None
@@ -279,6 +315,28 @@ def restore_point(
             return None, None
         return str(base[0]), int(base[1])
     return str(root), int(man["version"])
+
+
+def next_parent(root: str | os.PathLike[str], compact_every: int, compact_fraction: float) -> int | None:
+    """The version the next snapshot of ``root`` may be an increment on, or None when it must be full.
+
+    Full when the store has no snapshot, when the newest is already ``compact_every`` increments past its
+    full snapshot, or when the rows its increments hold exceed ``compact_fraction`` of the bank's rows
+    (compaction: the next snapshot is a new base).
+    """
+    if int(compact_every) < 0 or not 0.0 <= float(compact_fraction):
+        raise LifecycleError(f"snapshot compaction of {root}: every={compact_every!r}, fraction={compact_fraction!r}; "
+                             "expected an int >= 0 and a fraction >= 0")
+    rootp = pathlib.Path(root)
+    snaps = list_snapshots(rootp) if rootp.is_dir() else []
+    if not snaps or int(compact_every) == 0:
+        return None
+    newest = snaps[-1]
+    rows = sum(int(v) for v in newest["rows"].values())
+    if int(newest.get("chain", 0)) >= int(compact_every) or \
+            int(newest.get("changed_rows", 0)) > float(compact_fraction) * max(rows, 1):
+        return None
+    return int(newest["version"])
 
 
 def prune_snapshots(root: str | os.PathLike[str], keep: int) -> list[int]:

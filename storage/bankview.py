@@ -34,7 +34,7 @@ from carls_dask.storage.bankstore import MAKERS_TABLE, BankReplay
 from carls_dask.storage.chunkio import open_checked
 from carls_dask.storage.deltalog import DeltaRecord, replay
 from carls_dask.storage.errors import CorruptStoreError, UnknownTableError
-from carls_dask.storage.manifest import delta_seqs, entry_at_step, read_manifest, shard_name
+from carls_dask.storage.manifest import delta_seqs, entry_at_step, is_incremental, read_manifest, shard_name
 from carls_dask.storage.snapshots import read_snapshot
 
 __all__ = ["open_bank", "read_bank"]
@@ -109,7 +109,7 @@ def _merge(batches: BankReplay) -> dict[str, np.ndarray]:
     n_rows = 0
     logged = False
     for batch in batches:
-        logged = logged or not batch.from_snapshot
+        logged = logged or not batch.from_snapshot or batch.layered  # a key may come more than once
         keys = batch.arrays["keys"]
         ev_keys.append(keys)
         if batch.op == "delete":
@@ -294,7 +294,7 @@ def open_bank(path: str | os.PathLike[str], step: int | None = None, table: str 
         "meta": json.dumps(man.get("meta", {})),
     }
     records = list(replay(rootp, since_seq=delta_seqs(man), until_step=step, tables=[tname, MAKERS_TABLE]))
-    if any(r.table == tname for r in records):
+    if any(r.table == tname for r in records) or is_incremental(man):
         rows, makers, _ = read_bank(rootp, tname, step, records=records)
         attrs["makers"] = list(makers)
         attrs["delta"] = 1

@@ -91,7 +91,7 @@ def _write_all(fh: Any, data: np.ndarray) -> None:
         view = view[fh.write(view) :]
 
 
-def write_chunks(z: zarr.Array, folder: pathlib.Path, a: np.ndarray, order: np.ndarray | None) -> bool:
+def write_chunks(z: zarr.Array, folder: pathlib.Path, a: Any, order: np.ndarray | None) -> bool:
     """Write the chunks of an uncompressed array directly as files; False if its codecs need Zarr.
 
     The files are exactly what Zarr writes for the ``bytes`` (+ ``crc32c``) codec chain: each chunk's
@@ -105,7 +105,7 @@ def write_chunks(z: zarr.Array, folder: pathlib.Path, a: np.ndarray, order: np.n
     if crc:
         import google_crc32c  # zarr's own dependency for its crc32c codec
 
-    if a.dtype.byteorder == ">":
+    if isinstance(a, np.ndarray) and a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
     c = int(z.chunks[0])
     n = int(a.shape[0])
@@ -115,7 +115,10 @@ def write_chunks(z: zarr.Array, folder: pathlib.Path, a: np.ndarray, order: np.n
         stop = min(n, start + c)
         if order is not None:
             block = scratch((stop - start) * row_bytes).view(a.dtype).reshape(stop - start, *a.shape[1:])
-            np.take(a, order[start:stop], axis=0, out=block)
+            if isinstance(a, np.ndarray):
+                np.take(a, order[start:stop], axis=0, out=block)
+            else:  # a row store read by gathers (RowView of segmented storage)
+                block[...] = a[order[start:stop]]
         else:
             block = np.ascontiguousarray(a[start:stop])
         data = block.reshape(-1).view(np.uint8)

@@ -33,6 +33,7 @@ __all__ = [
     "check_format",
     "delta_seqs",
     "entry_at_step",
+    "is_incremental",
     "list_snapshots",
     "load_root_manifest",
     "read_manifest",
@@ -149,6 +150,9 @@ def _check_snapshot_manifest(man: dict[str, Any], what: str) -> None:
                 or not isinstance(info["meta"].get("owned_buckets", []), list):
             raise CorruptStoreError(f"{where}: delta_seq {info.get('delta_seq')!r}, bytes {info.get('bytes')!r}, "
                                     "meta and tables; expected two ints and two objects")
+        parent = info.get("parent")
+        if parent is not None and (not _is_int(parent) or parent < 0 or parent >= man["version"]):
+            raise CorruptStoreError(f"{where}: parent {parent!r}; expected None or an older version")
         if not isinstance(info["meta"].get("makers", []), list) or not all(
                 m in makers for m in info["meta"].get("makers", [])):
             raise CorruptStoreError(f"{where}: maker list {info['meta'].get('makers')!r}; expected names of {makers}")
@@ -157,6 +161,14 @@ def _check_snapshot_manifest(man: dict[str, Any], what: str) -> None:
                 raise CorruptStoreError(f"{where}, table {tname!r}: rows {tinfo.get('rows') if isinstance(tinfo, dict) else tinfo!r}; "
                                         "expected a non-negative int")
             _check_arrays(tinfo.get("arrays"), f"{where}, table {tname!r}")
+            if not _is_int(tinfo.get("deleted", 0)) or tinfo.get("deleted", 0) < 0:
+                raise CorruptStoreError(f"{where}, table {tname!r}: deleted {tinfo.get('deleted')!r}; "
+                                        "expected a non-negative int")
+
+
+def is_incremental(man: Mapping[str, Any]) -> bool:
+    """Whether any shard of a snapshot manifest is an increment on an older version."""
+    return any(info.get("parent") is not None for info in man["shards"].values())
 
 
 def list_snapshots(root: str | os.PathLike[str]) -> list[dict[str, Any]]:

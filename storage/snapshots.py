@@ -20,6 +20,28 @@ A snapshot is written in three steps: :func:`begin_snapshot` makes a new version
 :func:`commit_snapshot` writes ``snapshot.json`` and then swaps ``manifest.json``. A process killed before
 the swap leaves the previous snapshot listed, complete and untouched.
 
+**Incremental snapshots.** A version begun with ``parent=P`` (:func:`begin_snapshot`) may hold, per shard,
+only what changed since ``P``: the rows upserted since (full rows, in the same arrays as a full snapshot)
+plus ``<table>/deleted_keys`` and ``<table>/deleted_bucket`` (keys deleted since and absent now). Such a
+shard's entry names its ``parent``; a shard with nothing to build on writes in full in the same version. At
+commit, the root manifest's entry records ``parent``, ``depends`` (every version needed to read it, down to
+the full snapshots), ``chain`` (increments since the last full one) and ``changed_rows`` (rows those
+increments hold), which :func:`carls_dask.storage.bankstore.next_parent` uses to make every N-th snapshot
+(or one whose increments grew past a fraction of the bank) full again: compaction. A restore folds a
+shard's chain oldest first (base rows, then each increment's deletes and upserts:
+:class:`carls_dask.storage.bankstore.BankReplay`); :func:`prune_versions` never drops a version a kept
+one depends on. :func:`read_snapshot` reads one version's stored rows only (for an increment, its changes).
+
+**No whole-state copy.** :func:`write_shard` gathers each array's rows into bucket order one chunk at a
+time (:func:`carls_dask.storage.chunkio.write_chunks`), so it can be handed views of a live shard's rows
+(``ShardCore.state_view``, or :class:`carls_dask.bank.rowview.RowView` for segmented storage read with
+``a[rows]``) instead of a copy. The memory a full snapshot adds is one chunk per writer thread plus the
+bucket order (8 bytes a row). Consistency is the caller's: the bank shard holds its lock for the whole
+write (``BankShard.snapshot``), so a snapshot is the shard's state at one point, after every acknowledged
+batch before it and before every later one. That blocks the shard's writes (and waits its reads) for the
+write's duration, as the earlier copy-then-write did for the copy and the write; copy-on-write would
+shorten it, at the price of a second copy of every row written meanwhile, and is not done.
+
 The manifests are read and checked by :mod:`carls_dask.storage.manifest` (``list_snapshots`` and
 ``read_manifest`` are re-exported here); uncompressed chunks are written and read by
 :mod:`carls_dask.storage.chunkio`. This module knows nothing of the delta log: a snapshot records, per
@@ -82,6 +104,7 @@ __all__ = [
     "commit_snapshot",
     "list_snapshots",
     "prune_versions",
+    "read_deleted",
     "read_manifest",
     "read_snapshot",
     "shard_info",
@@ -116,6 +139,8 @@ class SnapshotHandle:
         ``"none"`` or ``"zstd"``.
     checksum : bool
         Whether each chunk carries a CRC32C checksum that reads verify.
+    parent : int or None
+        The committed version shards may write an increment on (None: every shard writes its full state).
     """
 
     root: str
@@ -124,6 +149,7 @@ class SnapshotHandle:
     chunk_rows: int = 65536
     compressor: str = "none"
     checksum: bool = True
+    parent: int | None = None
 
     @property
     def path(self) -> pathlib.Path:
@@ -150,6 +176,7 @@ def begin_snapshot(
     chunk_rows: int = 65536,
     compressor: str = "none",
     checksum: bool = True,
+    parent: int | None = None,
 ) -> SnapshotHandle:
     """Start a new snapshot: create its version folder (the store too, if new) and return its handle.
 
@@ -165,10 +192,18 @@ def begin_snapshot(
         Chunk compressor (``carls.storage.compressor``).
     checksum : bool
         Store a CRC32C per chunk, verified on every read.
+    parent : int, optional
+        A committed version of this store that shards may write only their changes on
+        (:func:`write_shard` with ``deleted``); None: a full snapshot.
     """
     rootp = pathlib.Path(root)
     if int(chunk_rows) < 1:
         raise InvalidBatchError(f"snapshot of {rootp}: chunk_rows={chunk_rows!r}; expected an integer >= 1")
+    if parent is not None:
+        committed_versions = [e["version"] for e in list_snapshots(rootp)] if rootp.is_dir() else []
+        if isinstance(parent, bool) or not isinstance(parent, int | np.integer) or parent not in committed_versions:
+            raise InvalidBatchError(f"snapshot of {rootp}: parent={parent!r}; expected a committed version "
+                                    f"({committed_versions}) or None")
     _codecs(compressor, checksum)  # validates the compressor name
     rootp.mkdir(parents=True, exist_ok=True)
     load_root_manifest(rootp)  # refuse foreign or newer stores before writing anything
@@ -184,7 +219,8 @@ def begin_snapshot(
             continue
         break
     fsync_dir(snapdir)
-    handle = SnapshotHandle(str(rootp), version, int(step), int(chunk_rows), compressor, bool(checksum))
+    handle = SnapshotHandle(str(rootp), version, int(step), int(chunk_rows), compressor, bool(checksum),
+                            None if parent is None else int(parent))
     logger.info("snapshot v%d of %s begun at step %d", version, rootp, step)
     return handle
 
@@ -212,7 +248,8 @@ def _validate_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
         if missing:
             raise InvalidBatchError(f"shard state table {tname!r}: missing arrays {missing}; expected {list(_REQUIRED)}")
         out: dict[str, np.ndarray] = {}
-        n = np.asarray(arrays["keys"]).shape[0]
+        keys = arrays["keys"]
+        n = int(keys.shape[0]) if _is_row_source(keys) else np.asarray(keys).shape[0]
         for name, arr in arrays.items():
             parts = name.split("/")
             if not all(_NAME_RE.match(p) for p in parts) or (
@@ -222,7 +259,7 @@ def _validate_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
                     f"shard state table {tname!r}: array name {name!r}; expected keys, bucket, frequency, "
                     "prov/<field>, col/<column> or slot/<column>/<slot>"
                 )
-            a = np.asarray(arr)
+            a = arr if _is_row_source(arr) else np.asarray(arr)
             if a.dtype.kind not in "biuf":
                 raise InvalidBatchError(
                     f"shard state table {tname!r}, array {name!r}: dtype {a.dtype}; expected a numeric dtype"
@@ -232,6 +269,8 @@ def _validate_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
                     f"shard state table {tname!r}, array {name!r}: shape {a.shape}; expected {n} rows like 'keys'"
                 )
             out[name] = a
+        for name in ("keys", "bucket"):  # small: read whole (views of the live rows, or a copy of them)
+            out[name] = np.asarray(out[name] if isinstance(out[name], np.ndarray) else out[name][0:n])
         if out["keys"].ndim != 1 or out["keys"].dtype != np.int64:
             raise InvalidBatchError(f"shard state table {tname!r}: keys {out['keys'].dtype}{out['keys'].shape}; expected int64[n]")
         b = out["bucket"]
@@ -254,23 +293,65 @@ def _bucket_order(bucket: np.ndarray, buckets: int) -> tuple[np.ndarray | None, 
     return order, offsets
 
 
-def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: int) -> dict[str, Any]:
-    """Write one shard's exported state into the snapshot as whole Zarr chunks, then fsync it.
+def _is_row_source(arr: Any) -> bool:
+    """A row store read chunk by chunk (:class:`~carls_dask.bank.rowview.RowView`): not copied whole."""
+    return not isinstance(arr, np.ndarray) and all(hasattr(arr, a) for a in ("shape", "dtype", "__getitem__"))
+
+
+def _gather(a: Any, order: np.ndarray | None, lo: int, hi: int) -> np.ndarray:
+    """Rows ``lo:hi`` of ``a`` in bucket order (a copy of those rows only)."""
+    if order is None:
+        return np.ascontiguousarray(a[lo:hi])
+    if isinstance(a, np.ndarray):
+        return np.take(a, order[lo:hi], axis=0)
+    return np.asarray(a[order[lo:hi]])
+
+
+def _write_array(z: zarr.Array, folder: pathlib.Path, a: Any, order: np.ndarray | None) -> None:
+    """Write ``a`` (in bucket order) chunk by chunk: never a copy of the whole array."""
+    if write_chunks(z, folder, a, order):
+        return
+    c = int(z.chunks[0])
+    for lo in range(0, int(a.shape[0]), c):
+        hi = min(int(a.shape[0]), lo + c)
+        z[lo:hi] = _gather(a, order, lo, hi)
+
+
+def write_shard(
+    handle: SnapshotHandle,
+    state: Mapping[str, Any],
+    *,
+    delta_seq: int,
+    deleted: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+    live_rows: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """Write one shard's state (or its changes since ``handle.parent``) as whole Zarr chunks, then fsync it.
+
+    Every array is written chunk by chunk (rows gathered into bucket order one chunk at a time), so the
+    state may hold views of a live shard's rows (:meth:`ShardCore.state_view
+    <carls_dask.bank.core.ShardCore.state_view>`) and no copy of the whole state is made; the caller keeps
+    them unchanged until this returns.
 
     Parameters
     ----------
     handle : SnapshotHandle
         From :func:`begin_snapshot`.
     state : dict
-        ``ShardCore.export_state()`` output (``{"meta": ..., "tables": ...}``).
+        ``{"meta": ..., "tables": ...}`` as ``ShardCore.export_state()`` (or ``state_view()``) returns it;
+        for an increment, ``ShardCore.export_changes()`` (the changed rows only).
     delta_seq : int
         Sequence number of the last delta-log record this state includes: the shard's ``DeltaLog.seq``
         (0 for a bank without a delta log). Replays after this snapshot start past it.
+    deleted : dict, optional
+        Given for an increment on ``handle.parent``: per table, ``keys`` (int64) and ``bucket`` (int32)
+        deleted since the parent (``export_changes()["deleted"]``). None: ``state`` is the full state.
+    live_rows : dict, optional
+        For an increment: the rows each table holds after it (for the manifest's row counts).
 
     Returns
     -------
     dict
-        The shard's entry (rows per table, bytes, delta_seq), also written to ``shard-NNNN.json``.
+        The shard's entry (rows per table, bytes, delta_seq, parent), also written to ``shard-NNNN.json``.
 
     Raises
     ------
@@ -287,6 +368,16 @@ def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: 
     if isinstance(delta_seq, bool) or not isinstance(delta_seq, int | np.integer) or delta_seq < 0:
         raise InvalidBatchError(f"{what}: delta_seq={delta_seq!r}; expected the shard's delta-log sequence number, "
                                 "an int >= 0")
+    if deleted is not None and handle.parent is None:
+        raise InvalidBatchError(f"{what}: an increment (deleted=...) on a snapshot begun without a parent; "
+                                "expected begin_snapshot(parent=...)")
+    if deleted is not None:
+        for tname in tables:
+            d = deleted.get(tname)
+            if d is None or "keys" not in d or "bucket" not in d \
+                    or np.asarray(d["keys"]).shape != np.asarray(d["bucket"]).shape:
+                raise InvalidBatchError(f"{what}: deleted keys of table {tname!r}: got {type(d).__name__}; expected "
+                                        "row-aligned 'keys' and 'bucket'")
     if not vdir.is_dir():
         raise LifecycleError(f"{what}: version folder {vdir} is missing; expected one made by begin_snapshot")
     if (vdir / "snapshot.json").exists():
@@ -306,34 +397,42 @@ def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: 
     group = zarr.open_group(str(vdir / f"{shard_name(shard)}.zarr"), mode="w-", zarr_format=3)
     info_tables: dict[str, Any] = {}
     zroot = vdir / f"{shard_name(shard)}.zarr"
-    jobs: list[tuple[zarr.Array, pathlib.Path, np.ndarray, np.ndarray | None]] = []
+    jobs: list[tuple[zarr.Array, pathlib.Path, Any, np.ndarray | None]] = []
+
+    def add(tname: str, name: str, a: Any, order: np.ndarray | None, whole: bool = False) -> None:
+        rows = handle.chunk_rows if not whole else max(1, int(a.shape[0]))
+        z = group.create_array(
+            f"{tname}/{name}",
+            shape=tuple(a.shape),
+            dtype=a.dtype,
+            chunks=(max(1, min(rows, int(a.shape[0]))), *a.shape[1:]),
+            compressors=compressors,
+            fill_value=0,
+            # every chunk is written, even all-zero ones, so a missing chunk file means damage
+            config={"write_empty_chunks": True},
+        )
+        if int(a.shape[0]):
+            jobs.append((z, zroot / tname / name, a, order))
+
     for tname, arrays in tables.items():
         order, offsets = _bucket_order(arrays["bucket"], buckets)
-        arrays = {**arrays, "bucket_offsets": offsets}
         described: dict[str, Any] = {}
         for name, a in arrays.items():
-            rows = handle.chunk_rows if name != "bucket_offsets" else max(1, a.shape[0])
-            z = group.create_array(
-                f"{tname}/{name}",
-                shape=a.shape,
-                dtype=a.dtype,
-                chunks=(max(1, min(rows, a.shape[0])), *a.shape[1:]),
-                compressors=compressors,
-                fill_value=0,
-                # every chunk is written, even all-zero ones, so a missing chunk file means damage
-                config={"write_empty_chunks": True},
-            )
-            if a.size:
-                jobs.append((z, zroot / tname / name, a, order if name != "bucket_offsets" else None))
-            if name != "bucket_offsets":
-                described[name] = {"dtype": a.dtype.str, "shape": list(a.shape[1:])}
-        info_tables[tname] = {"rows": int(arrays["keys"].shape[0]), "arrays": described}
-    # arrays are written concurrently (gathers and file writes release the GIL); Zarr-encoded ones after
+            add(tname, name, a, order)
+            described[name] = {"dtype": a.dtype.str, "shape": list(a.shape[1:])}
+        add(tname, "bucket_offsets", offsets, None, whole=True)
+        stored = int(arrays["keys"].shape[0])
+        entry: dict[str, Any] = {"rows": stored, "arrays": described}
+        if deleted is not None:
+            dk = np.asarray(deleted[tname]["keys"], dtype=np.int64)
+            add(tname, "deleted_keys", dk, None, whole=True)
+            add(tname, "deleted_bucket", np.asarray(deleted[tname]["bucket"], dtype=np.int32), None, whole=True)
+            entry.update(stored=stored, deleted=int(dk.shape[0]),
+                         rows=int((live_rows or {}).get(tname, stored)))
+        info_tables[tname] = entry
+    # arrays are written concurrently (gathers and file writes release the GIL), one chunk at a time each
     with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
-        done = list(pool.map(lambda job: write_chunks(*job), jobs))
-    for (z, _folder, a, ordered), direct in zip(jobs, done, strict=True):
-        if not direct:
-            z[...] = np.take(a, ordered, axis=0) if ordered is not None else a
+        list(pool.map(lambda job: _write_array(*job), jobs))
     nbytes = fsync_tree(vdir / f"{shard_name(shard)}.zarr")
     info = {
         "shard": shard,
@@ -342,12 +441,14 @@ def write_shard(handle: SnapshotHandle, state: Mapping[str, Any], *, delta_seq: 
         "bytes": nbytes,
         "delta_seq": int(delta_seq),
         "chunk_rows": handle.chunk_rows,
+        "parent": None if deleted is None else int(handle.parent),  # type: ignore[arg-type]
     }
     atomic_write_json(vdir / f"{shard_name(shard)}.json", info)
     marker.unlink()
     fsync_dir(vdir)
     dt = time.perf_counter() - t0
-    logger.info("%s: wrote %.1f MB in %.2f s", what, nbytes / 1e6, dt)
+    logger.info("%s: wrote %.1f MB in %.2f s (%s)", what, nbytes / 1e6, dt,
+                "full" if deleted is None else f"increment on v{handle.parent}")
     return info
 
 
@@ -443,6 +544,7 @@ def commit_snapshot(handle: SnapshotHandle, meta: Mapping[str, Any] | None = Non
         "rows": {k: v["rows"] for k, v in tables.items()},
         "bytes": int(sum(i["bytes"] for i in infos.values())),
         "path": f"{SNAPSHOTS}/{version_name(handle.version)}",
+        **_lineage(pathlib.Path(handle.root), infos, what),
     }
     full = {
         "format": FORMAT,
@@ -463,10 +565,31 @@ def commit_snapshot(handle: SnapshotHandle, meta: Mapping[str, Any] | None = Non
     return entry
 
 
-def prune_versions(root: str | os.PathLike[str], keep: int) -> tuple[list[int], dict[str, Any] | None]:
-    """Delete all but the newest ``keep`` committed snapshots, and abandoned partial ones.
+def _lineage(rootp: pathlib.Path, infos: Mapping[int, Mapping[str, Any]], what: str) -> dict[str, Any]:
+    """Manifest fields of a version's increments: ``parent``, ``depends`` (every version needed to read it),
+    ``chain`` (increments since the newest full snapshot) and ``changed_rows`` (rows those increments hold)."""
+    parents = sorted({int(i["parent"]) for i in infos.values() if i.get("parent") is not None})
+    if not parents:
+        return {"parent": None, "depends": [], "chain": 0, "changed_rows": 0}
+    listed = {int(e["version"]): e for e in list_snapshots(rootp)}
+    depends: set[int] = set(parents)
+    chain = changed = 0
+    for p in parents:
+        if p not in listed:
+            raise LifecycleError(f"{what}: parent version {p} is not committed (pruned?); expected a full snapshot")
+        depends |= {int(v) for v in listed[p].get("depends", [])}
+        chain = max(chain, int(listed[p].get("chain", 0)))
+        changed = max(changed, int(listed[p].get("changed_rows", 0)))
+    stored = sum(int(t.get("stored", t["rows"])) for i in infos.values() if i.get("parent") is not None
+                 for t in i["tables"].values())
+    return {"parent": parents[-1], "depends": sorted(depends), "chain": chain + 1, "changed_rows": changed + stored}
 
-    The manifest is rewritten first (atomically), then the folders are removed, so a crash in between
+
+def prune_versions(root: str | os.PathLike[str], keep: int) -> tuple[list[int], dict[str, Any] | None]:
+    """Delete all but the newest ``keep`` committed snapshots (and the versions they build on), and abandoned ones.
+
+    A kept incremental snapshot keeps every version it is read from (its ``depends``: its parent, the
+    parent's parent, ... down to a full snapshot), so a kept version is always readable. The manifest is rewritten first (atomically), then the folders are removed, so a crash in between
     leaves only unlisted folders that the next prune removes. Delta-log segments are not touched here:
     :func:`carls_dask.storage.bankstore.prune_snapshots` prunes both.
 
@@ -483,8 +606,10 @@ def prune_versions(root: str | os.PathLike[str], keep: int) -> tuple[list[int], 
     with short_lock(rootp / ".manifest.lock", f"bank store {rootp}"):
         man = load_root_manifest(rootp)
         snaps = man["snapshots"]
-        drop = snaps[: max(0, len(snaps) - int(keep))]
-        man["snapshots"] = snaps[len(drop) :]
+        newest = snaps[max(0, len(snaps) - int(keep)) :]
+        needed = {int(e["version"]) for e in newest} | {int(v) for e in newest for v in e.get("depends", [])}
+        drop = [e for e in snaps if int(e["version"]) not in needed]
+        man["snapshots"] = [e for e in snaps if int(e["version"]) in needed]
         if drop:
             atomic_write_json(rootp / MANIFEST, man)
     kept = {e["version"] for e in man["snapshots"]}
@@ -619,7 +744,7 @@ def read_snapshot(
                     )
                 desc = tinfo["arrays"][nm]
                 dtypes[tname][nm] = (np.dtype(desc["dtype"]), tuple(desc["shape"]))
-            n = int(tinfo["rows"])
+            n = int(tinfo.get("stored", tinfo["rows"]))  # an increment stores fewer rows than the bank holds
             masks: list[np.ndarray] | None = None
             try:
                 if wanted is None:
@@ -698,4 +823,50 @@ def read_snapshot(
     with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
         for f in [pool.submit(fill, job) for job in jobs]:
             f.result()  # re-raises the first failure
+    return out
+
+
+def read_deleted(
+    root: str | os.PathLike[str],
+    version: int,
+    shard: int,
+    buckets: Iterable[int] | np.ndarray | None = None,
+    *,
+    tables: Sequence[str] | None = None,
+) -> dict[str, dict[str, np.ndarray]]:
+    """Keys an incremental snapshot's shard deleted since its parent: ``{table: {"keys", "bucket"}}``.
+
+    Empty arrays for a shard written in full. ``buckets`` keeps only keys of those buckets.
+    """
+    rootp = pathlib.Path(root)
+    man = read_manifest(rootp, version)
+    what = f"snapshot v{man['version']} of {rootp}, shard {shard}"
+    info = man["shards"].get(str(int(shard)))
+    if info is None:
+        raise StoreNotFoundError(f"{what}: no such shard; it holds shards {sorted(int(s) for s in man['shards'])}")
+    zpath = rootp / man["path"] / f"{shard_name(int(shard))}.zarr"
+    wanted = None if buckets is None else np.asarray(
+        buckets if isinstance(buckets, np.ndarray) else list(buckets), dtype=np.int64)
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for tname in list(info["tables"]) if tables is None else list(tables):
+        tinfo = info["tables"].get(tname)
+        if tinfo is None:
+            raise CorruptStoreError(f"{what}: lacks table {tname!r}")
+        keys, bucket = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
+        if info.get("parent") is not None and int(tinfo.get("deleted", 0)):
+            try:
+                group = zarr.open_group(str(zpath), mode="r", zarr_format=3)
+                zk, zb = open_checked(group, f"{tname}/deleted_keys"), open_checked(group, f"{tname}/deleted_bucket")
+                keys, bucket = np.asarray(zk[...], dtype=np.int64), np.asarray(zb[...], dtype=np.int32)
+            except (CorruptStoreError, StoreNotFoundError):
+                raise
+            except Exception as exc:  # zarr raises assorted errors on damaged chunks (checksum, decode)
+                raise CorruptStoreError(f"{what}: deleted keys of table {tname!r} cannot be read: {exc}") from exc
+            if keys.shape[0] != int(tinfo["deleted"]) or bucket.shape != keys.shape:
+                raise CorruptStoreError(f"{what}: table {tname!r} holds {keys.shape[0]} deleted keys; "
+                                        f"the manifest says {tinfo['deleted']}")
+            if wanted is not None:
+                mine = np.isin(bucket, wanted)
+                keys, bucket = keys[mine], bucket[mine]
+        out[tname] = {"keys": keys, "bucket": bucket}
     return out

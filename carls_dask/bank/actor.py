@@ -122,6 +122,10 @@ class BankShard:
         # answers of recent mutating batches by operation id (a retry after a re-home gets the same answer)
         self._ops: collections.OrderedDict[int, Any] = collections.OrderedDict()
         self._retired: str | None = None
+        # incremental snapshots: the committed (store, version) this shard's change marks are relative to,
+        # and the snapshot written whose commit is not yet known
+        self._synced: tuple[str, int] | None = None
+        self._pending: tuple[str, int] | None = None
         if log_root is not None:
             from carls_dask.storage.deltalog import DeltaLog
 
@@ -359,17 +363,70 @@ class BankShard:
 
     # -- persistence --------------------------------------------------------------------------------
     @_locked
-    def snapshot(self, handle: Any) -> dict[str, Any]:
-        """Write this shard's state into the begun snapshot ``handle`` (whole Zarr chunks)."""
+    def snapshot(self, handle: Any, full: bool = False, max_changed: float = 0.5) -> dict[str, Any]:
+        """Write this shard's state, or only its changes, into the begun snapshot ``handle`` (whole Zarr chunks).
+
+        An increment (the rows changed and keys deleted since ``handle.parent``) is written when the
+        handle names a parent, this shard's change marks are relative to that version (it wrote it, or
+        the increments before it, and the commit went through), ``full`` is False and at most
+        ``max_changed`` of its rows changed; otherwise the full state.
+
+        Consistency: the shard's lock is held for the whole write, so the snapshot is the state at one
+        point (after every batch acknowledged before it, before every later one). The full state is read
+        chunk by chunk straight from the rows (:meth:`ShardCore.state_view`), never copied whole; only an
+        increment's changed rows are copied. The change marks move to a pending generation; they are
+        dropped once the snapshot is known to be committed (:meth:`settle_snapshot`) and count again if it
+        is not, so a failed snapshot loses no change.
+        """
         from carls_dask.storage.snapshots import write_shard
 
+        self._settle()
         if self._log is not None:
             self._log_makers()
         seq = int(self._log.seq) if self._log is not None else 0
-        info = write_shard(handle, self.core.export_state(), delta_seq=seq)
+        n = self.core.size()
+        incremental = (not full and handle.parent is not None and self._synced == (str(handle.root), int(handle.parent))
+                       and self.core.changed_rows() <= float(max_changed) * max(n, 1))
+        self.core.freeze_changes()
+        try:
+            if incremental:
+                changes = self.core.export_changes()
+                info = write_shard(handle, changes, delta_seq=seq, deleted=changes["deleted"],
+                                   live_rows={name: t.n for name, t in self.core.tables.items()})
+            else:
+                info = write_shard(handle, self.core.state_view(), delta_seq=seq)
+        except BaseException:
+            self.core.rollback_changes()
+            raise
+        self._pending = (str(handle.root), int(handle.version))
         if self._log is not None:
             self._log.roll()
         return info
+
+    @_locked
+    def settle_snapshot(self) -> bool | None:
+        """Resolve the snapshot this shard last wrote: committed (its change marks are dropped) or not (they
+        count again). Returns whether it was committed (None when none was pending)."""
+        return self._settle()
+
+    def _settle(self) -> bool | None:
+        if self._pending is None:
+            return None
+        from carls_dask.storage.errors import StoreError
+        from carls_dask.storage.manifest import list_snapshots
+
+        root, version = self._pending
+        try:
+            committed = any(int(e["version"]) == version for e in list_snapshots(root))
+        except StoreError:
+            committed = False
+        if committed:
+            self.core.commit_changes()
+            self._synced = self._pending
+        else:
+            self.core.rollback_changes()
+        self._pending = None
+        return committed
 
     @_locked
     def restore(self, root: str, version: int | None, replay_log: bool = True) -> dict[str, int]:
@@ -396,6 +453,11 @@ class BankShard:
         """
         rows = applied = 0
         for batch in batches:
+            if batch.from_snapshot and batch.op == "delete":  # an incremental snapshot's deleted keys
+                mine = self.core._owned_mask[self._buckets(batch.arrays["keys"])]
+                if mine.any():
+                    self.core.delete(batch.table, batch.arrays["keys"][mine])
+                continue
             if batch.from_snapshot:
                 rows += self.core.import_rows(batch.table, batch.arrays, makers=batch.makers)
                 continue

@@ -568,14 +568,23 @@ class KnowledgeBank:
         """
         return self._every_shard("export_state")
 
-    def snapshot(self, root: str, step: int, *, timeout: float | None = None, **snapshot_kwargs: Any) -> int:
+    def snapshot(self, root: str, step: int, *, full: bool | None = None, timeout: float | None = None,
+                 **snapshot_kwargs: Any) -> int:
         """Write a committed snapshot of every shard under ``root``; returns its version.
 
         Each shard writes its own arrays (concurrently); the snapshot is committed only when all
         have written, so a failure leaves the previous snapshot the newest valid one. ``timeout``
         bounds each shard's write (default: ten times the call timeout). All optimizer state is kept
         per row (the slots, Adam's per-row ``step`` among them), so the rows are the whole state.
+
+        Snapshots are incremental: a shard writes only the rows changed and keys deleted since the newest
+        snapshot of ``root`` when it wrote that one (see :meth:`BankShard.snapshot
+        <carls_dask.bank.actor.BankShard.snapshot>`). Every ``carls.bank.snapshot-compact-every`` increments,
+        or once the increments hold more than ``carls.bank.snapshot-compact-fraction`` of the rows, the
+        snapshot is full again (a new base). ``full=True`` forces a full one, ``full=False`` skips those
+        limits (a shard still writes in full when it has nothing to build on).
         """
+        from carls_dask.storage.bankstore import next_parent
         from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot
 
         kwargs = {
@@ -583,18 +592,31 @@ class KnowledgeBank:
             "compressor": config.get("storage.compressor"),
             **snapshot_kwargs,
         }
-        handle = begin_snapshot(root, int(step), **kwargs)
+        fraction = float(config.get("bank.snapshot-compact-fraction"))
+        parent = None
+        if full is not True:
+            every = 1 << 30 if full is False else int(config.get("bank.snapshot-compact-every"))
+            parent = next_parent(root, every, float("inf") if full is False else fraction)
+        handle = begin_snapshot(root, int(step), parent=parent, **kwargs)
         self._every_shard("set_step", int(step))
-        self._every_shard("snapshot", handle, timeout=10 * self.timeout if timeout is None else timeout)
-        entry = commit_snapshot(
-            handle,
-            {
-                "name": self.name,
-                "n_shards": self.n_shards,
-                "buckets": self.buckets,
-                "tables": {t: s.to_json() for t, s in self._specs.items()},
-            },
-        )
+        try:
+            self._every_shard("snapshot", handle, bool(full), fraction,
+                              timeout=10 * self.timeout if timeout is None else timeout)
+            entry = commit_snapshot(
+                handle,
+                {
+                    "name": self.name,
+                    "n_shards": self.n_shards,
+                    "buckets": self.buckets,
+                    "tables": {t: s.to_json() for t, s in self._specs.items()},
+                },
+            )
+        finally:
+            try:  # each shard learns whether its part was committed (else its changes count again)
+                self._every_shard("settle_snapshot")
+            except Exception:  # a shard settles at its next snapshot anyway
+                logger.warning("bank %s: a shard could not settle snapshot v%d", self.name, handle.version,
+                               exc_info=True)
         return int(entry["version"])
 
     @classmethod

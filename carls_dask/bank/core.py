@@ -18,11 +18,13 @@ import numpy as np
 from carls_dask.bank.ann import METHODS, AnnIndex, AnnSettings
 from carls_dask.bank.bounds import TableBounds, choose_victims, expired_rows, low_water, victim_scores
 from carls_dask.bank.buffers import BufferPool
+from carls_dask.bank.dirty import DirtyRows
 from carls_dask.bank.gradsum import sum_by_row
 from carls_dask.bank.hashing import bucket_of_hash, mix_seed, splitmix64
 from carls_dask.bank.initializers import initial_block
 from carls_dask.bank.keyindex import KeyIndex
 from carls_dask.bank.optimizers import STEP_SLOT, apply_optimizer, initial_slots
+from carls_dask.bank.rowview import RowView, live_rows
 from carls_dask.bank.sampling import NegativeSample
 from carls_dask.bank.schema import (
     Column,
@@ -375,6 +377,8 @@ class ShardCore:
         self.bounds: dict[str, TableBounds] = {
             s.name: b for s in tables if (b := TableBounds.for_spec(s)) is not None
         }
+        # rows changed and keys deleted since the last committed snapshot (incremental snapshots)
+        self.dirty: dict[str, DirtyRows] = {name: DirtyRows() for name in self.tables}
 
     # -- helpers ----------------------------------------------------------------------------------------
     def table(self, name: str) -> TableState:
@@ -452,6 +456,7 @@ class ShardCore:
         t.index.insert(keys, rows, t.keys, hashes)
         if self._ann:
             self._ann_touch(t, keys)
+        self.dirty[t.spec.name].mark(slice(t.n - m, t.n))
         return rows
 
     # -- reads ------------------------------------------------------------------------------------------
@@ -512,6 +517,7 @@ class ShardCore:
                 urows = self._bounded_insert(t, bnd, uniq, h[first], counts, urows, missing, est, now)
                 if (urows < 0).any():
                     rejected = (urows < 0)[inverse]
+            self.dirty[t.spec.name].mark(urows[urows >= 0] if rejected is not None else urows)
             if (order := self._rank_orders.get(table)) is not None:
                 order.note_changes(uniq.size)
             self.version += 1
@@ -687,6 +693,7 @@ class ShardCore:
             t.prov["model_step"][rows] = model_step
         if code is not None:
             t.prov["maker"][rows] = code
+        self.dirty[t.spec.name].mark(rows)
         self.version += 1
 
     def apply_gradients(
@@ -767,6 +774,7 @@ class ShardCore:
         if dead.size == 0:
             return present
         n_new = t.n - dead.size
+        self.dirty[t.spec.name].deleted(t.keys[dead])
         t.index.remove(t.keys[dead], t.keys)
         tail = np.arange(n_new, t.n)
         movers = tail[~np.isin(tail, dead, assume_unique=True)]
@@ -780,6 +788,7 @@ class ShardCore:
             for _name, arr in list(t.storage()):
                 arr[holes] = arr[movers]
             t.index.set_rows(slots, holes)
+        self.dirty[t.spec.name].moved(holes, movers, n_new)
         t.n = n_new
         if t.index.dead > t.index.live:
             t.index.rebuild(max(t.n, 1), t.keys, None)
@@ -923,7 +932,26 @@ class ShardCore:
 
     def export_state(self) -> dict[str, Any]:
         """The shard's whole state as JSON-able meta plus row-aligned numpy arrays (copies)."""
-        meta = {
+        meta = self.export_state_meta()
+        tables = {name: {a: _copy_rows(arr, t.n) for a, arr in t.arrays()} for name, t in self.tables.items()}
+        return {"meta": meta, "tables": tables}
+
+    # -- snapshots without a whole-state copy (see carls_dask.bank.dirty) ----------------------------------
+    def state_view(self) -> dict[str, Any]:
+        """:meth:`export_state` without the copy: the live rows as views (:func:`~carls_dask.bank.rowview.live_rows`).
+
+        The views are only valid while nothing mutates the shard (the actor holds its lock while a
+        snapshot writer reads them chunk by chunk).
+        """
+        state = self.export_state_meta()
+        tables: dict[str, dict[str, np.ndarray | RowView]] = {
+            name: {a: live_rows(arr, t.n) for a, arr in t.arrays()} for name, t in self.tables.items()
+        }
+        return {"meta": state, "tables": tables}
+
+    def export_state_meta(self) -> dict[str, Any]:
+        """The ``meta`` part of :meth:`export_state`."""
+        return {
             "format": STATE_FORMAT,
             "shard": self.shard,
             "n_shards": self.n_shards,
@@ -933,8 +961,51 @@ class ShardCore:
             "makers": list(self.makers),
             "version": self.version,
         }
-        tables = {name: {a: _copy_rows(arr, t.n) for a, arr in t.arrays()} for name, t in self.tables.items()}
-        return {"meta": meta, "tables": tables}
+
+    def changed_rows(self) -> int:
+        """Rows changed (or allocated) since the last snapshot mark, over all tables."""
+        return sum(self.dirty[name].count(t.n) for name, t in self.tables.items())
+
+    def freeze_changes(self) -> None:
+        """Move the change marks to pending: a snapshot of the current state starts (see :mod:`~carls_dask.bank.dirty`)."""
+        for d in self.dirty.values():
+            d.freeze()
+
+    def export_changes(self) -> dict[str, Any]:
+        """The rows changed and keys deleted since the last committed snapshot (freezing the marks first).
+
+        Returns
+        -------
+        dict
+            ``meta`` as in :meth:`export_state`; ``tables``: per table, the changed rows' full arrays
+            (copies, named as in :meth:`export_state`); ``deleted``: per table, ``keys`` (int64) and
+            ``bucket`` (int32) deleted since and not present now (a key deleted and inserted again is an
+            upsert). Call :meth:`commit_changes` once the snapshot holding them is committed,
+            :meth:`rollback_changes` when it is not.
+        """
+        if not all(d.frozen for d in self.dirty.values()):
+            self.freeze_changes()
+        tables: dict[str, dict[str, np.ndarray]] = {}
+        deleted: dict[str, dict[str, np.ndarray]] = {}
+        for name, t in self.tables.items():
+            d = self.dirty[name]
+            rows = d.frozen_rows(t.n)
+            tables[name] = {a: np.asarray(arr[rows]) for a, arr in t.arrays()}
+            gone = d.frozen_deleted()
+            if gone.size:
+                gone = gone[t.index.find(gone, t.keys) < 0]
+            deleted[name] = {"keys": gone, "bucket": bucket_of_hash(splitmix64(gone.view(np.uint64)), self.buckets)}
+        return {"meta": self.export_state_meta(), "tables": tables, "deleted": deleted}
+
+    def commit_changes(self) -> None:
+        """The snapshot that froze the change marks is committed: forget them."""
+        for d in self.dirty.values():
+            d.commit()
+
+    def rollback_changes(self) -> None:
+        """The snapshot that froze the change marks was not committed: they count again."""
+        for d in self.dirty.values():
+            d.rollback()
 
     @classmethod
     def from_state(
@@ -1020,4 +1091,5 @@ class ShardCore:
             elif name.startswith("slot/"):
                 _, cname, sname = name.split("/")
                 t.ensure_slots(cname)[sname][at] = v
+        self.dirty[table].mark(at if isinstance(at, slice) else rows)
         return int(n)

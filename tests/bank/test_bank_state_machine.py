@@ -37,6 +37,10 @@ class BankModel(RuleBasedStateMachine):
         super().__init__()
         self.core = ShardCore([SPEC], initial_capacity=2)
         self.model: dict[int, dict[str, object]] = {}
+        # incremental snapshots: the image of the last committed snapshot (key -> full row) and the keys
+        # written since (what the next increment must hold)
+        self.image: dict[int, dict[str, np.ndarray]] = {}
+        self.touched: set[int] = set()
 
     def _new_row(self) -> dict[str, object]:
         return {"emb": np.full(DIM, INIT, np.float32), "label": 0, "freq": 0, "version": 0}
@@ -44,6 +48,7 @@ class BankModel(RuleBasedStateMachine):
     @rule(keys=BATCH)
     def lookup_insert(self, keys: list[int]) -> None:
         r = self.core.lookup("t", np.array(keys, dtype=np.int64), insert=True)
+        self.touched |= set(keys)
         for k in keys:
             row = self.model.setdefault(k, self._new_row())
             if row["freq"] == 0 and row["version"] == 0:
@@ -73,6 +78,7 @@ class BankModel(RuleBasedStateMachine):
                        dtype=np.float32)
         labels = np.array(data.draw(st.lists(st.integers(-5, 5), min_size=n, max_size=n)), dtype=np.int64)
         self.core.update("t", np.array(keys, dtype=np.int64), {"embedding": emb, "label": labels})
+        self.touched |= set(keys)
         for k in set(keys):
             row = self.model.setdefault(k, self._new_row())
             last = max(i for i, kk in enumerate(keys) if kk == k)
@@ -86,6 +92,7 @@ class BankModel(RuleBasedStateMachine):
                      dtype=np.float32)
         found = self.core.apply_gradients("t", np.array(keys, dtype=np.int64), g)
         assert found.tolist() == [k in self.model for k in keys]
+        self.touched |= {k for k in keys if k in self.model}
         for k in {k for k in keys if k in self.model}:
             summed = sum(g[i] for i, kk in enumerate(keys) if kk == k)
             row = self.model[k]
@@ -131,6 +138,29 @@ class BankModel(RuleBasedStateMachine):
         assert set(ak[0].tolist()) <= set(self.model)
         for key, score in zip(ak[0].tolist(), as_[0].tolist(), strict=True):
             assert float(np.dot(self.model[key]["emb"], query[0])) == pytest.approx(score, rel=1e-6, abs=1e-6)
+
+    @rule(commit=st.booleans())
+    def incremental_snapshot(self, commit: bool) -> None:
+        """The changes since the last committed snapshot, applied to its image, give the current state exactly;
+        they hold exactly the rows written since; an uncommitted snapshot's changes count again."""
+        changes = self.core.export_changes()
+        rows, gone = changes["tables"]["t"], changes["deleted"]["t"]["keys"].tolist()
+        assert sorted(rows["keys"].tolist()) == sorted(self.touched & set(self.model))
+        assert not set(gone) & set(self.model)
+        assert set(self.image) - set(self.model) <= set(gone)
+        image = {k: v for k, v in self.image.items() if k not in gone}
+        for i, k in enumerate(rows["keys"].tolist()):
+            image[k] = {name: a[i].copy() for name, a in rows.items()}
+        state = self.core.export_state()["tables"]["t"]
+        assert sorted(image) == sorted(state["keys"].tolist())
+        for i, k in enumerate(state["keys"].tolist()):
+            for name, a in state.items():
+                assert image[k][name].tobytes() == a[i].tobytes(), (k, name)
+        if commit:
+            self.core.commit_changes()
+            self.image, self.touched = image, set()
+        else:
+            self.core.rollback_changes()
 
     @rule(keys=BATCH, bad=st.sampled_from(["nan", "shape"]))
     def bad_update_changes_nothing(self, keys: list[int], bad: str) -> None:
