@@ -8,17 +8,11 @@ occurrence at a time. Without numba a stable sort by row gives the same sums.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-__all__ = ["sum_by_row"]
+from carls_dask.bank.jit import numba
 
-numba: Any
-try:
-    import numba
-except ImportError:  # pragma: no cover - numba comes with the install
-    numba = None
+__all__ = ["sum_by_row"]
 
 if numba is not None:
 

@@ -15,14 +15,9 @@ from typing import Any
 import numpy as np
 
 from carls_dask.bank.hashing import normal_from_keys, uniform_from_keys
+from carls_dask.bank.jit import numba
 
 __all__ = ["initial_block"]
-
-numba: Any
-try:
-    import numba
-except ImportError:  # pragma: no cover - numba comes with the install
-    numba = None
 
 if numba is not None:
 

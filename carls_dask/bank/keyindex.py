@@ -16,11 +16,11 @@ batch with one slot read per probe step and no temporary arrays; about 3-4x fast
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import numpy as np
 
 from carls_dask.bank.hashing import bucket_of_hash, splitmix64
+from carls_dask.bank.jit import numba
 
 __all__ = ["KeyIndex"]
 
@@ -35,12 +35,6 @@ _32 = np.uint64(32)
 _ROW = 0 if sys.byteorder == "little" else 1
 #: Slots compared per key and round once the home slot did not hold the key.
 _WINDOW = 8
-
-numba: Any
-try:
-    import numba
-except ImportError:  # pragma: no cover - numba comes with the install
-    numba = None
 
 if numba is not None:
 
