@@ -844,11 +844,9 @@ class ShardCore:
         if true_keys is not None:
             tk = check_keys(table, true_keys, allow_empty=True)
             true_rows = t.index.find(tk, t.keys) if tk.size else np.zeros(0, dtype=np.int64)
-        order = None
-        if sampler == "log_uniform":
-            order = self._rank_orders.get(table)
-            if order is None:
-                order = self._rank_orders[table] = RankOrder(self.sampling)
+        order = self._rank_orders.get(table)
+        if order is None:
+            order = self._rank_orders[table] = RankOrder(self.sampling)
         return draw_from_shard(table, t.keys, t.frequency, t.n, order, int(n), sampler=sampler, unique=unique,
                                true_rows=true_rows, rng=np.random.default_rng(seed), exclude_true=exclude_true)
 
@@ -967,9 +965,16 @@ class ShardCore:
         return sum(self.dirty[name].count(t.n) for name, t in self.tables.items())
 
     def freeze_changes(self) -> None:
-        """Move the change marks to pending: a snapshot of the current state starts (see :mod:`~carls_dask.bank.dirty`)."""
+        """Move the change marks to pending: a snapshot of the current state starts (see :mod:`~carls_dask.bank.dirty`).
+
+        The frequency-rank orders of log-uniform sampling are dropped too, so the next draw orders the
+        rows as of now. A bank restored from this snapshot has no order either and builds it from the
+        same rows on its first draw: a run resumed from a snapshot samples what the uninterrupted run
+        samples (the order is not part of the stored state, but its history then starts at the snapshot).
+        """
         for d in self.dirty.values():
             d.freeze()
+        self._rank_orders.clear()
 
     def export_changes(self) -> dict[str, Any]:
         """The rows changed and keys deleted since the last committed snapshot (freezing the marks first).

@@ -1,13 +1,15 @@
 """Negative sampling from one shard at O(sample) per call: a lazily rebuilt frequency-rank order.
 
-``uniform`` draws row numbers in ``[0, n)`` directly (rows ``0..n-1`` are the live rows of a table), so
-it needs no state at all. ``log_uniform`` draws ranks from ``P(r) ∝ log(r + 2) - log(r + 1)`` by
-inverse CDF (one ``exp`` per draw) over a :class:`RankOrder`: the table's rows sorted by frequency
+Both samplers draw ranks of a :class:`RankOrder`, never row numbers: ``uniform`` draws live ranks
+uniformly, ``log_uniform`` draws ranks from ``P(r) ∝ log(r + 2) - log(r + 1)`` by inverse CDF (one ``exp``
+per draw). Drawing ranks makes the sample independent of where the rows sit: a shard restored from a
+snapshot (its rows laid out by bucket) draws the keys the shard it replaces would have drawn, which is
+what makes a resumed run equal an uninterrupted one. The order is the table's rows sorted by frequency
 (descending, ties by key) as of its last rebuild, with
 
 * rows appended since the rebuild taking the tail ranks in insertion (row) order;
 * rows deleted since the rebuild leaving a *tombstone* at their rank: a draw landing on one is
-  rejected and drawn again, so the distribution actually sampled is the log-uniform one over the
+  rejected and drawn again, so the distribution actually sampled is the uniform or log-uniform one over the
   ``m`` ranks conditioned on a live rank, ``P(r) = (log(r + 2) - log(r + 1)) / (log(m + 1) - L)`` where
   ``L`` sums ``log(r + 2) - log(r + 1)`` over the tombstones. Tombstone draws are not counted as tries;
 * frequency changes since the rebuild not moving any rank.
@@ -18,7 +20,8 @@ since the rebuild exceed ``rebuild_fraction`` of the rows it was built over -- a
 ``rebuild_draws * n`` candidates have been drawn from it since (so a rebuild's sort is shared by
 ``rebuild_draws * n / sample`` calls: the amortised cost of a call is ``O(sample * log n / rebuild_draws)``,
 not ``O(n)``), or when tombstones hold half of the probability mass (draws would mostly be rejected).
-The first log-uniform call builds the order. A restored shard starts without one.
+The first call builds the order. A snapshot drops it (see ``ShardCore.freeze_changes``), and a restored
+shard starts without one, so both build it from the same rows on their next draw.
 
 Unique sampling keeps drawing until ``n`` distinct candidates are found; the duplicates are found by
 sorting the draws, never with a table-sized mask, and ``num_tries`` counts the draws it took (as in
@@ -213,24 +216,31 @@ class RankOrder:
         return stale and self.draws >= self.settings.rebuild_draws * n
 
     # -- drawing --------------------------------------------------------------------------------------
-    def draw_ranks(self, size: int, rng: np.random.Generator) -> np.ndarray:
-        """``size`` live ranks from the conditioned log-uniform distribution (tombstones redrawn)."""
+    def draw_ranks(self, size: int, rng: np.random.Generator, uniform: bool = False) -> np.ndarray:
+        """``size`` live ranks from the conditioned log-uniform distribution, or uniformly over the live
+        ranks with ``uniform`` (tombstones redrawn)."""
         out: list[np.ndarray] = []
         have = 0
         log_m = np.log(self.m + 1.0)
+        live = max(self.m - self.dead, 1)
         while have < size:
             want = size - have
-            # expected live fraction is live_mass / log_m; overdraw accordingly
-            m = int(want * log_m / max(self.live_mass(), 1e-12)) + 8
-            u = rng.random(m)
-            r = np.minimum(np.floor(np.exp(u * log_m)).astype(np.int64) - 1, self.m - 1)
+            if uniform:
+                r = rng.integers(0, self.m, size=int(want * self.m / live) + 8)
+            else:
+                # expected live fraction is live_mass / log_m; overdraw accordingly
+                m = int(want * log_m / max(self.live_mass(), 1e-12)) + 8
+                u = rng.random(m)
+                r = np.minimum(np.floor(np.exp(u * log_m)).astype(np.int64) - 1, self.m - 1)
             r = r[self.rank_row[r] >= 0] if self.dead else r
             out.append(r[:want])
             have += int(min(want, r.size))
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
-    def prob(self, ranks: np.ndarray) -> np.ndarray:
-        """Probability of each (live) rank in one draw."""
+    def prob(self, ranks: np.ndarray, uniform: bool = False) -> np.ndarray:
+        """Probability of each (live) rank in one draw (log-uniform, or uniform over the live ranks)."""
+        if uniform:
+            return np.full(np.shape(ranks), 1.0 / max(self.m - self.dead, 1), dtype=np.float64)
         return log_uniform_weight(ranks) / self.live_mass()
 
 
@@ -287,7 +297,7 @@ def draw_from_shard(
     n_rows
         Live rows.
     order
-        The table's :class:`RankOrder` (needed for ``log_uniform``).
+        The table's :class:`RankOrder` (both samplers draw ranks of it).
     n
         Candidates wanted (validated positive by the caller).
     sampler
@@ -316,30 +326,24 @@ def draw_from_shard(
         raise InvalidBatchError(
             f"table {table!r}: asked for {n} unique candidates but the table holds only {n_rows} keys"
         )
-    draw: Callable[[int], np.ndarray]
-    if sampler == "uniform":
-        def draw(size: int) -> np.ndarray:
-            return rng.integers(0, n_rows, size=size)
-    else:
-        if order is None:
-            raise ValueError("log_uniform sampling needs the table's RankOrder")
-        order.sync(keys, n_rows)
-        if order.wants_rebuild(n_rows):
-            order.rebuild(keys[:n_rows], frequency[:n_rows])
-        rank_order = order
+    # Both samplers draw ranks of the order (rows sorted by frequency, then key; rows added since take
+    # the tail ranks in row order), not rows: what is drawn then does not depend on where the rows sit,
+    # so a shard restored from a snapshot (rows laid out by bucket) draws what the shard it replaces drew.
+    if order is None:
+        raise ValueError("sampling needs the table's RankOrder")
+    order.sync(keys, n_rows)
+    if order.wants_rebuild(n_rows):
+        order.rebuild(keys[:n_rows], frequency[:n_rows])
+    rank_order = order
+    uniform = sampler == "uniform"
 
-        def draw(size: int) -> np.ndarray:
-            return rank_order.draw_ranks(size, rng)
+    def draw(size: int) -> np.ndarray:
+        return rank_order.draw_ranks(size, rng, uniform)
     excl_mass = 0.0
     if exclude_true and true_rows is not None and (true_rows >= 0).any():
         present_rows = np.unique(true_rows[true_rows >= 0])
-        if sampler == "uniform":
-            excl = present_rows
-            excl_mass = excl.size / n_rows
-        else:
-            assert order is not None
-            excl = np.unique(order.row_rank[present_rows])
-            excl_mass = float(order.prob(excl).sum())
+        excl = np.unique(order.row_rank[present_rows])
+        excl_mass = float(order.prob(excl, uniform).sum())
         if excl_mass >= 1.0 - 1e-12 or (unique and n > n_rows - excl.size):
             raise InvalidBatchError(f"table {table!r}: asked for {n} {'unique ' if unique else ''}candidates but "
                                     f"only {n_rows - excl.size} of {n_rows} keys are not true keys")
@@ -358,24 +362,17 @@ def draw_from_shard(
     else:
         ids, tries = draw(n), n
     true_prob = np.zeros(0, dtype=np.float64)
-    if sampler == "uniform":
-        rows = ids
-        prob = np.full(ids.shape, 1.0 / n_rows)
-        if true_rows is not None:
-            true_prob = np.where(true_rows >= 0, 1.0 / n_rows, 0.0)
-    else:
-        assert order is not None
-        order.draws += int(tries)
-        rows = order.rank_row[ids]
-        if not np.array_equal(keys[rows], order.rank_key[ids]):  # rows moved behind the order's back
-            order.built = False
-            return draw_from_shard(table, keys, frequency, n_rows, order, n, sampler=sampler, unique=unique,
-                                   true_rows=true_rows, rng=rng, exclude_true=exclude_true)
-        prob = order.prob(ids)
-        if true_rows is not None:
-            present = true_rows >= 0
-            true_prob = np.zeros(true_rows.shape, dtype=np.float64)
-            true_prob[present] = order.prob(order.row_rank[true_rows[present]])
+    order.draws += int(tries)
+    rows = order.rank_row[ids]
+    if not np.array_equal(keys[rows], order.rank_key[ids]):  # rows moved behind the order's back
+        order.built = False
+        return draw_from_shard(table, keys, frequency, n_rows, order, n, sampler=sampler, unique=unique,
+                               true_rows=true_rows, rng=rng, exclude_true=exclude_true)
+    prob = order.prob(ids, uniform)
+    if true_rows is not None:
+        present = true_rows >= 0
+        true_prob = np.zeros(true_rows.shape, dtype=np.float64)
+        true_prob[present] = order.prob(order.row_rank[true_rows[present]], uniform)
     if excl_mass:
         prob = prob / (1.0 - excl_mass)
         true_prob = np.zeros(true_prob.shape, dtype=np.float64)
