@@ -132,7 +132,7 @@ class MultimodalSettings:
     split_seed: int | None = None
     steps: int = 400
     batch_size: int = 32
-    n_negatives: int = 256
+    n_negatives: int = 1024
     n_hard: int = 8
     lr: float = 2e-3
     weight_decay: float = 1e-4

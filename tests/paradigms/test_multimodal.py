@@ -291,7 +291,7 @@ def test_settings_variants_options_and_their_errors(cache_dir: pathlib.Path) -> 
     chosen = p.settings()
     assert (chosen.negatives, chosen.n_negatives, chosen.reencode, chosen.logq_correction, chosen.steps,
             chosen.batch_size, chosen.classifier_steps, chosen.test_concepts) == (
-        "uniform", 256, True, False, 400, 32, 300, 300), "the settings benchmarks/multimodal.py chose"
+        "uniform", 1024, True, False, 400, 32, 300, 300), "the settings benchmarks/multimodal.py chose"
     assert {v: p.settings(v).negatives for v in p.variants} == {
         "in-batch": "in_batch", "uniform": "uniform", "log-uniform": "log_uniform", "hard": "hard"}
     s = p.settings("hard", {"limit": "50", "n-val": "5", "reencode": "0", "logq_correction": "yes",
@@ -434,7 +434,7 @@ def test_minilm_text_head_retrieves_held_out_concepts_better_than_hashed_ids() -
     """Frozen sentence features carry meaning to concepts never trained on; hashed ids carry only spelling.
 
     Whole corpus, 300 validation concepts, 200 steps of 32 pairs, in-batch negatives, seed 100, on the
-    in-process driver. Measured: mean of the four validation recalls, MiniLM 0.13, hashed 0.07.
+    in-process driver. Measured: mean of the four validation recalls, MiniLM 0.131, hashed 0.062.
     """
     import statistics
 
@@ -454,11 +454,11 @@ def test_bank_negatives_beat_in_batch_negatives_on_the_validation_split() -> Non
     """With 7 in-batch negatives per pair, 256 uniform bank negatives (encoded by the current model) raise
     the recalls on 300 validation concepts held out of training.
 
-    The whole corpus (its images and frozen features come from the shared cache, filled on first
-    use), one concept split for both seeds, 300 steps of 8 pairs, in-process lock step, so the run is
-    deterministic; each seed's two runs share the initialisation and the batches. Measured (mean of
-    the four validation recalls; chance R@1 0.0033, R@5 0.017): seed 0 in-batch 0.034, bank 0.047;
-    seed 1 in-batch 0.038, bank 0.045; seed 2 (not run here) in-batch 0.032, bank 0.072.
+    The whole corpus (its images and frozen image and MiniLM features come from the shared caches,
+    filled on first use), one concept split for both seeds, 300 steps of 8 pairs, in-process lock
+    step, so the run is deterministic; each seed's two runs share the initialisation and the batches.
+    Measured (mean of the four validation recalls; chance R@1 0.0033, R@5 0.017): seed 0 in-batch
+    0.077, bank 0.093; seed 1 in-batch 0.087, bank 0.106 (1.21x on the mean).
     """
     import statistics
 
@@ -477,7 +477,7 @@ def test_bank_negatives_beat_in_batch_negatives_on_the_validation_split() -> Non
             assert f["val_i2t_r@5"] + f["val_t2i_r@5"] > 2 * 1.5 * 5 / 300, (variant, seed, f)  # 1.5 x chance
             runs.append(statistics.mean(f[f"val_{m}"] for m in RECALLS))
         mean[variant] = statistics.mean(runs)
-    assert mean["uniform"] >= mean["in-batch"], mean
+    assert mean["uniform"] >= 1.1 * mean["in-batch"], mean
 
 RESULT_KEYS = {"schema", "paradigm", "variant", "seed", "driver", "settings", "figures", "loops", "snapshots",
                "resumed_from", "versions", "started", "ended", "wall_seconds"}
