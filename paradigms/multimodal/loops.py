@@ -204,12 +204,12 @@ def initialise_bank(bank: Any, spec: CorpusSpec, chunk: int = 1024) -> int:
     """
     corpus = load_corpus(spec)
     keys = corpus.train_keys
-    texts = corpus.text_features is not None and _has_pretrained(bank, TEXTS)
+    texts = corpus.text_features if corpus.text_features is not None and _has_pretrained(bank, TEXTS) else None
     for s in range(0, len(keys), chunk):
         k = keys[s:s + chunk]
         bank.update(IMAGES, k, {"pretrained": corpus.features[k]}, model_step=0, maker=PRETRAINED_NAME)
-        if texts:
-            bank.update(TEXTS, k, {"pretrained": corpus.text_features[k]}, model_step=0, maker=SENTENCE_MODEL)
+        if texts is not None:
+            bank.update(TEXTS, k, {"pretrained": texts[k]}, model_step=0, maker=SENTENCE_MODEL)
     return len(keys)
 
 
