@@ -258,6 +258,11 @@ class ContrastiveTrainer(Trainer):
     name, max_steps, publish_every, eval_every
         See :class:`~carls_dask.runtime.trainer.Trainer`; :meth:`evaluate` gives the retrieval
         figures (``eval_every=None``: only :meth:`finish` evaluates, at the end).
+    temperature, learn_temperature
+        Initial softmax temperature, and whether it is learned.
+
+    The text head reads the corpus's frozen MiniLM features (from the bank's ``texts.pretrained``
+    when the pretrained task wrote them) or, with ``CorpusSpec.text_encoder="hashed"``, its hashed ids.
     """
 
     def __init__(self, corpus: CorpusSpec, *, negatives: str = "uniform", n_negatives: int = 256, n_hard: int = 8,
