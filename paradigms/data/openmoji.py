@@ -21,7 +21,7 @@ import numpy as np
 
 from carls_dask.storage.errors import ConfigError, InvalidBatchError
 
-__all__ = ["EmojiPairs", "concept_of", "concept_split", "load_openmoji_pairs"]
+__all__ = ["EmojiPairs", "cldr_concepts", "concept_of", "concept_split", "load_openmoji_pairs"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,17 @@ def concept_of(name: str) -> str:
 def _name(entry: dict[str, object]) -> str:
     raw = str(entry["en"]).strip(":")
     return raw.replace("_", " ").replace("  ", " ").strip()
+
+
+def cldr_concepts() -> tuple[str, ...]:
+    """Every concept of the CLDR English emoji names the ``emoji`` package knows, sorted.
+
+    A superset of the concepts that have an OpenMoji image (1,727 against 1,718 with ``emoji`` 2.16:
+    5,244 entries, fully qualified, unqualified and component forms included).
+    """
+    import emoji
+
+    return tuple(sorted({concept_of(_name(e)) for e in emoji.EMOJI_DATA.values() if "en" in e}))
 
 
 def _catalogue() -> list[tuple[str, str, str]]:

@@ -6,8 +6,9 @@
   bounded by the batch; by default it encodes the drawn keys' frozen features with its current model.
 - :class:`CorpusMaker` loads the newest encoder version and rewrites every corpus embedding in the
   bank (``texts`` and ``images`` tables) with ``model_step`` and its name as provenance.
-- :func:`initialise_bank` runs the frozen pretrained image encoder (EfficientNet-Lite0, shipped in
-  a registry package) once and writes its features into the bank, where the loops read them.
+- :func:`initialise_bank` runs the frozen pretrained encoders once (EfficientNet-Lite0 for images and,
+  with ``text_encoder="minilm"``, all-MiniLM-L6-v2 for texts, both shipped in registry packages) and
+  writes their features into the bank (``images.pretrained``, ``texts.pretrained``), where the loops read them.
 - :class:`ConceptClassifierTrainer` is the large-output-space use: class embeddings live in the
   bank, are allocated on first sight and trained with sampled softmax through ``apply_gradients``.
 """
@@ -24,10 +25,11 @@ from typing import Any
 import numpy as np
 
 from carls_dask.bank import Column, TableSpec, to_int64_keys
-from carls_dask.paradigms.data.openmoji import EmojiPairs, concept_split, load_openmoji_pairs
+from carls_dask.paradigms.data.openmoji import EmojiPairs, cldr_concepts, concept_split, load_openmoji_pairs
+from carls_dask.paradigms.data.sentences import SENTENCE_MODEL, encode_sentences
 from carls_dask.paradigms.multimodal.features import FEATURE_DIM, PRETRAINED_NAME, image_features
 from carls_dask.paradigms.multimodal.metrics import retrieval_report
-from carls_dask.paradigms.multimodal.text import hash_tokens
+from carls_dask.paradigms.multimodal.text import hash_tokens, resolve_text_encoder
 from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
 from carls_dask.runtime.maker import KnowledgeMaker
@@ -43,6 +45,7 @@ __all__ = [
     "CorpusSpec",
     "corpus_tables",
     "default_cache_dir",
+    "dual_encoder",
     "initialise_bank",
     "load_corpus",
 ]
@@ -74,6 +77,10 @@ class CorpusSpec:
         Folder of the rendered-image and feature caches.
     text_buckets
         Hashed text token ids.
+    text_encoder
+        ``"minilm"`` (frozen all-MiniLM-L6-v2 sentence features), ``"hashed"`` (hashed word and
+        character-trigram ids, no weights) or ``"auto"`` (MiniLM when its packages import, else hashed
+        with a logged warning).
     torch_threads
         Intra-op threads the loops give torch in their worker process (``torch.set_num_threads``);
         1 avoids oversubscription when several workers share few cores; ``None`` leaves it.
@@ -87,11 +94,16 @@ class CorpusSpec:
     cache_dir: str | None = None
     text_buckets: int = 1 << 12
     torch_threads: int | None = 1
+    text_encoder: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
 class Corpus:
-    """The loaded corpus: train pairs (the bank's corpus, keyed by row), held-out validation and test pairs."""
+    """The loaded corpus: train pairs (the bank's corpus, keyed by row), held-out validation and test pairs.
+
+    ``text_features`` are the frozen sentence features of every pair (``text_encoder="minilm"``;
+    ``None`` with the hashed encoder); :attr:`text_inputs` is what the text head reads.
+    """
 
     pairs: EmojiPairs
     train: np.ndarray
@@ -99,6 +111,18 @@ class Corpus:
     features: np.ndarray
     text_ids: np.ndarray
     val: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    text_encoder: str = "hashed"
+    text_features: np.ndarray | None = None
+
+    @property
+    def text_inputs(self) -> np.ndarray:
+        """``float32[n, 384]`` sentence features (MiniLM) or ``int64[n, L]`` hashed token ids, every pair."""
+        return self.text_ids if self.text_features is None else self.text_features
+
+    @property
+    def text_dim(self) -> int | None:
+        """Size of the frozen text features (``None`` with hashed ids)."""
+        return None if self.text_features is None else int(self.text_features.shape[1])
 
     @property
     def train_keys(self) -> np.ndarray:
@@ -128,7 +152,19 @@ def load_corpus(spec: CorpusSpec) -> Corpus:
         sub_train, sub_val = concept_split(pairs.subset(train), spec.n_val, seed=spec.seed + 1)
         train, val = train[sub_train], train[sub_val]
     feats = image_features(pairs.images, cache_dir=spec.cache_dir)
-    return Corpus(pairs, train, test, feats, hash_tokens(pairs.texts, spec.text_buckets), val)
+    encoder = resolve_text_encoder(spec.text_encoder)
+    text_features = encode_sentences(pairs.texts, cache_dir=spec.cache_dir) if encoder == "minilm" else None
+    return Corpus(pairs, train, test, feats, hash_tokens(pairs.texts, spec.text_buckets), val, encoder,
+                  text_features)
+
+
+def dual_encoder(corpus: Corpus, spec: CorpusSpec, dim: int, hidden: int, temperature: float = 0.07,
+                 learn_temperature: bool = True) -> Any:
+    """The :class:`~carls_dask.paradigms.multimodal.model.DualEncoder` for ``corpus``'s text inputs."""
+    from carls_dask.paradigms.multimodal.model import DualEncoder
+
+    return DualEncoder(FEATURE_DIM, spec.text_buckets, dim, hidden, temperature=temperature,
+                       text_dim=corpus.text_dim, learn_temperature=learn_temperature)
 
 
 def _set_threads(spec: CorpusSpec) -> None:
@@ -138,11 +174,17 @@ def _set_threads(spec: CorpusSpec) -> None:
         torch.set_num_threads(spec.torch_threads)
 
 
-def corpus_tables(dim: int = 64, classes_dim: int | None = None) -> list[TableSpec]:
-    """The bank tables: ``texts`` and ``images`` (embedding; images also the frozen features) and ``concepts``."""
+def corpus_tables(dim: int = 64, classes_dim: int | None = None, text_dim: int | None = None) -> list[TableSpec]:
+    """The bank tables: ``texts`` and ``images`` (embedding and frozen features) and ``concepts``.
+
+    ``images.pretrained`` holds the frozen image features; ``texts.pretrained`` the frozen sentence
+    features when ``text_dim`` is given (the MiniLM text encoder).
+    """
+    text_columns = [Column("embedding", "float32", (dim,), ("dim",), initializer="zeros")]
+    if text_dim is not None:
+        text_columns.append(Column("pretrained", "float32", (text_dim,), ("sentence",), initializer="zeros"))
     tables = [
-        TableSpec(TEXTS, columns=(Column("embedding", "float32", (dim,), ("dim",), initializer="zeros"),),
-                  optimizer=None),
+        TableSpec(TEXTS, columns=tuple(text_columns), optimizer=None),
         TableSpec(IMAGES, columns=(Column("embedding", "float32", (dim,), ("dim",), initializer="zeros"),
                                    Column("pretrained", "float32", (FEATURE_DIM,), ("feature",),
                                           initializer="zeros")), optimizer=None),
@@ -154,17 +196,26 @@ def corpus_tables(dim: int = 64, classes_dim: int | None = None) -> list[TableSp
 
 
 def initialise_bank(bank: Any, spec: CorpusSpec, chunk: int = 1024) -> int:
-    """Write the frozen pretrained image features of the train corpus into ``images.pretrained``.
+    """Write the frozen pretrained features of the train corpus into ``images.pretrained`` (and, with the
+    MiniLM text encoder, ``texts.pretrained``).
 
-    Runs the pretrained encoder (or reads its cache); provenance ``maker="efficientnet-lite0"``,
-    ``model_step=0``. Returns the number of rows written.
+    Runs the pretrained encoders (or reads their caches); provenance ``maker="efficientnet-lite0"``
+    (``"all-MiniLM-L6-v2"`` for texts), ``model_step=0``. Returns the number of corpus rows written.
     """
     corpus = load_corpus(spec)
     keys = corpus.train_keys
+    texts = corpus.text_features if corpus.text_features is not None and _has_pretrained(bank, TEXTS) else None
     for s in range(0, len(keys), chunk):
         k = keys[s:s + chunk]
         bank.update(IMAGES, k, {"pretrained": corpus.features[k]}, model_step=0, maker=PRETRAINED_NAME)
+        if texts is not None:
+            bank.update(TEXTS, k, {"pretrained": texts[k]}, model_step=0, maker=SENTENCE_MODEL)
     return len(keys)
+
+
+def _has_pretrained(bank: Any, table: str) -> bool:
+    """Whether ``table`` of ``bank`` has a ``pretrained`` column (``texts`` has one with MiniLM features)."""
+    return any(c.name == "pretrained" for c in bank.spec(table).columns)
 
 
 def _check_choice(owner: str, what: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -207,13 +258,19 @@ class ContrastiveTrainer(Trainer):
     name, max_steps, publish_every, eval_every
         See :class:`~carls_dask.runtime.trainer.Trainer`; :meth:`evaluate` gives the retrieval
         figures (``eval_every=None``: only :meth:`finish` evaluates, at the end).
+    temperature, learn_temperature
+        Initial softmax temperature, and whether it is learned.
+
+    The text head reads the corpus's frozen MiniLM features (from the bank's ``texts.pretrained``
+    when the pretrained task wrote them) or, with ``CorpusSpec.text_encoder="hashed"``, its hashed ids.
     """
 
     def __init__(self, corpus: CorpusSpec, *, negatives: str = "uniform", n_negatives: int = 256, n_hard: int = 8,
                  reencode: bool = True, logq_correction: bool = False, batch_size: int = 32, lr: float = 2e-3,
                  dim: int = 64, hidden: int = 128, weight_decay: float = 1e-4, seed: int = 0,
                  bank_wait_s: float = 0.0, name: str = "trainer", max_steps: int | None = 400,
-                 publish_every: int | None = 20, eval_every: int | None = None) -> None:
+                 publish_every: int | None = 20, eval_every: int | None = None, temperature: float = 0.07,
+                 learn_temperature: bool = True) -> None:
         super().__init__(name, max_steps=max_steps, publish_every=publish_every, eval_every=eval_every)
         _check_choice(f"ContrastiveTrainer {name!r}", "negatives", negatives, NEGATIVES)
         for what, v in (("n_negatives", n_negatives), ("n_hard", n_hard), ("batch_size", batch_size)):
@@ -233,11 +290,11 @@ class ContrastiveTrainer(Trainer):
         self.weight_decay = weight_decay
         self.seed = seed
         self.bank_wait_s = float(bank_wait_s)
+        self.temperature = float(temperature)
+        self.learn_temperature = bool(learn_temperature)
 
     def setup(self, ctx: LoopContext) -> None:
         import torch
-
-        from carls_dask.paradigms.multimodal.model import DualEncoder
 
         _set_threads(self.corpus_spec)
         torch.manual_seed(self.seed)
@@ -245,19 +302,25 @@ class ContrastiveTrainer(Trainer):
         self.corpus = load_corpus(self.corpus_spec)
         keys = self.corpus.train_keys
         feats = self.corpus.features[keys]
+        text = self.corpus.text_inputs[keys]
         self.use_bank = self.negatives != "in_batch"
-        if ctx.bank is not None:  # the frozen features the pretrained maker wrote, when it did
+        if ctx.bank is not None:  # the frozen features the pretrained encoders' task wrote, when it did
             got = ctx.bank.lookup(IMAGES, keys, columns=["pretrained"])
             if bool(np.all(got.found)):
                 feats = got.values["pretrained"]
+            if self.corpus.text_features is not None and _has_pretrained(ctx.bank, TEXTS):
+                got = ctx.bank.lookup(TEXTS, keys, columns=["pretrained"])
+                if bool(np.all(got.found)):
+                    text = got.values["pretrained"]
         elif self.use_bank:
             raise ConfigError(f"ContrastiveTrainer {self.name!r}: negatives={self.negatives!r} needs a bank; "
                               "create one with Workbench.create_bank(corpus_tables(...))")
         self.device = torch.device(ctx.device)
         self.keys = keys
         self.feats = torch.from_numpy(np.ascontiguousarray(feats)).to(self.device)
-        self.ids = torch.from_numpy(self.corpus.text_ids[keys]).to(self.device)
-        self.model = DualEncoder(FEATURE_DIM, self.corpus_spec.text_buckets, self.dim, self.hidden).to(self.device)
+        self.ids = torch.from_numpy(np.ascontiguousarray(text)).to(self.device)
+        self.model = dual_encoder(self.corpus, self.corpus_spec, self.dim, self.hidden, self.temperature,
+                                  self.learn_temperature).to(self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
         self.bank_ready = False
         self.ages: list[float] = []
@@ -292,9 +355,9 @@ class ContrastiveTrainer(Trainer):
         if self.bank_wait_s > 0 and not self.bank_ready and step > every:
             deadline = time.monotonic() + self.bank_wait_s
             self.bank_wait_s = 0.0  # once
-        while not self.bank_ready:
+        while not self.bank_ready:  # the maker's embeddings are unit-norm; unwritten ones are zeros
             got = self.ctx.bank.lookup(TEXTS, self.keys[:1], columns=["embedding"])
-            self.bank_ready = bool(got.found[0])
+            self.bank_ready = bool(got.found[0]) and bool(np.any(got.values["embedding"][0]))
             if self.bank_ready or deadline is None or time.monotonic() > deadline or self.ctx.stop.wait(0.05):
                 break
         return self.bank_ready
@@ -420,7 +483,7 @@ class ContrastiveTrainer(Trainer):
 
         with torch.inference_mode():
             img = self.model.encode_image(torch.from_numpy(self.corpus.features[rows]).to(self.device))
-            txt = self.model.encode_text(torch.from_numpy(self.corpus.text_ids[rows]).to(self.device))
+            txt = self.model.encode_text(torch.from_numpy(self.corpus.text_inputs[rows]).to(self.device))
         return retrieval_report(img.cpu().numpy(), txt.cpu().numpy())
 
     def evaluate(self) -> dict[str, float]:
@@ -472,8 +535,6 @@ class CorpusMaker(KnowledgeMaker):
     def setup(self, ctx: LoopContext) -> None:
         import torch
 
-        from carls_dask.paradigms.multimodal.model import DualEncoder
-
         if ctx.bank is None:
             raise ConfigError(f"CorpusMaker {self.name!r} needs a bank with the corpus tables")
         _set_threads(self.corpus_spec)
@@ -481,8 +542,8 @@ class CorpusMaker(KnowledgeMaker):
         self.keys = corpus.train_keys
         self.device = torch.device(ctx.device)
         self.feats = torch.from_numpy(corpus.features[self.keys]).to(self.device)
-        self.ids = torch.from_numpy(corpus.text_ids[self.keys]).to(self.device)
-        self.model = DualEncoder(FEATURE_DIM, self.corpus_spec.text_buckets, self.dim, self.hidden).to(self.device)
+        self.ids = torch.from_numpy(corpus.text_inputs[self.keys]).to(self.device)
+        self.model = dual_encoder(corpus, self.corpus_spec, self.dim, self.hidden).to(self.device)
         self.previous: np.ndarray | None = None
 
     def load_model(self, state: Mapping[str, Any], version: ModelVersion) -> None:
@@ -509,7 +570,9 @@ class CorpusMaker(KnowledgeMaker):
 class ConceptClassifierTrainer(Trainer):
     """Large output space: classify an emoji image into its concept, class embeddings held in the bank.
 
-    Each step looks up the batch's class embeddings with ``insert=True`` (a class is allocated the
+    The ``concepts`` table holds a row for every CLDR concept the ``emoji`` package names (1,727,
+    allocated at setup), not only those with an OpenMoji image (1,718, the ones trained and tested),
+    so evaluation ranks all of them. Each step looks up the batch's class embeddings with ``insert=True`` (a class is allocated the
     first time it is seen, and its frequency counted), samples ``n_sampled`` classes from the bank
     (``log_uniform`` by frequency rank, or ``uniform``), computes sampled softmax with logQ
     correction, and sends the class-embedding gradients to the bank's optimizer with
@@ -520,7 +583,10 @@ class ConceptClassifierTrainer(Trainer):
     corpus
         The corpus; every concept with two or more images keeps one image for testing.
     sampler, n_sampled
-        Negative class sampler and how many classes per step.
+        Negative class sampler and how many classes per step (``uniform`` with ``n_sampled`` at least
+        the number of classes is the full softmax: every class, expected count 1).
+    all_concepts
+        Allocate every CLDR concept in the bank at setup (``False``: only those seen in training).
     batch_size, lr, dim, hidden, seed
         Optimisation, model sizes and seed.
     name, max_steps, publish_every, eval_every
@@ -529,9 +595,13 @@ class ConceptClassifierTrainer(Trainer):
 
     def __init__(self, corpus: CorpusSpec, *, sampler: str = "log_uniform", n_sampled: int = 64, batch_size: int = 64,
                  lr: float = 2e-3, dim: int = 64, hidden: int = 128, seed: int = 0, name: str = "classifier",
-                 max_steps: int | None = 300, publish_every: int | None = 50, eval_every: int | None = None) -> None:
+                 max_steps: int | None = 300, publish_every: int | None = 50, eval_every: int | None = None,
+                 all_concepts: bool = True) -> None:
         super().__init__(name, max_steps=max_steps, publish_every=publish_every, eval_every=eval_every)
         _check_choice(f"ConceptClassifierTrainer {name!r}", "sampler", sampler, ("uniform", "log_uniform"))
+        if not isinstance(n_sampled, int) or isinstance(n_sampled, bool) or n_sampled < 1:
+            raise ConfigError(f"ConceptClassifierTrainer {name!r}: n_sampled={n_sampled!r}; expected a positive int")
+        self.all_concepts = bool(all_concepts)
         self.corpus_spec = corpus
         self.sampler = sampler
         self.n_sampled = n_sampled
@@ -567,6 +637,12 @@ class ConceptClassifierTrainer(Trainer):
         self.feats = torch.from_numpy(feats).to(self.device)
         self.model = ImageQueryHead(FEATURE_DIM, self.dim, self.hidden).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lr)
+        self.step_seconds: list[float] = []
+        if self.all_concepts:  # allocate the classes not in the bank yet (a resumed run finds them all)
+            every = to_int64_keys(list(cldr_concepts()), CONCEPTS)
+            missing = every[~ctx.bank.lookup(CONCEPTS, every, columns=["embedding"]).found]
+            if len(missing):
+                ctx.bank.lookup(CONCEPTS, missing, columns=["embedding"], insert=True)
 
     def state(self) -> dict[str, Any]:
         """The base checkpoint plus the batch generator (the class embeddings are in the bank's snapshot)."""
@@ -587,18 +663,23 @@ class ConceptClassifierTrainer(Trainer):
 
         assert self.ctx is not None
         bank = self.ctx.bank
+        t0 = time.perf_counter()
         idx = self.train[self.rng.choice(len(self.train), size=self.batch_size, replace=False)]
         kb = self.class_keys[idx]
         true = bank.lookup(CONCEPTS, kb, columns=["embedding"], insert=True)
-        n = min(self.n_sampled, bank.size(CONCEPTS))
-        s = bank.sample_negatives(CONCEPTS, n, sampler=self.sampler, true_keys=kb, seed=self.seed * 1_000_003 + step)
+        size = bank.size(CONCEPTS)
+        full = self.n_sampled >= size  # every class, no correction: the full softmax
+        s = bank.sample_negatives(CONCEPTS, min(self.n_sampled, size), sampler="uniform" if full else self.sampler,
+                                  true_keys=kb, seed=self.seed * 1_000_003 + step)
         neg = bank.lookup(CONCEPTS, s.keys, columns=["embedding"])
         tw = torch.tensor(true.values["embedding"], device=self.device, requires_grad=True)
         sw = torch.tensor(neg.values["embedding"], device=self.device, requires_grad=True)
         q = self.model(self.feats[torch.from_numpy(idx).to(self.device)])
+        true_logq, sampled_logq = ((np.zeros(len(kb)), np.zeros(len(s.keys))) if full
+                                   else (np.log(s.true_expected_count), np.log(s.expected_count)))
         loss = sampled_softmax_loss(
-            q, tw, sw, torch.from_numpy(np.log(s.true_expected_count).astype(np.float32)).to(self.device),
-            torch.from_numpy(np.log(s.expected_count).astype(np.float32)).to(self.device),
+            q, tw, sw, torch.from_numpy(true_logq.astype(np.float32)).to(self.device),
+            torch.from_numpy(sampled_logq.astype(np.float32)).to(self.device),
             torch.from_numpy(s.keys[None, :] == kb[:, None]).to(self.device), scale=10.0)
         self.optimizer.zero_grad()
         loss.backward()
@@ -606,8 +687,9 @@ class ConceptClassifierTrainer(Trainer):
         assert tw.grad is not None and sw.grad is not None
         bank.apply_gradients(CONCEPTS, np.concatenate([kb, s.keys]),
                              np.concatenate([tw.grad.cpu().numpy(), sw.grad.cpu().numpy()]))
+        self.step_seconds.append(time.perf_counter() - t0)
         return {"loss": float(loss.detach()), "classes": float(bank.size(CONCEPTS)),
-                "new_classes": float((~true.found).sum())}
+                "new_classes": float((~true.found).sum()), "sampled": float(len(s.keys))}
 
     def evaluate(self) -> dict[str, float]:
         """Top-1/top-5 accuracy of held-out images against every class embedding in the bank."""
@@ -623,7 +705,12 @@ class ConceptClassifierTrainer(Trainer):
                 "n_test": float(len(self.test)), "classes": float(self.ctx.bank.size(CONCEPTS))}
 
     def finish(self) -> dict[str, float]:
-        return self.evaluate()
+        """:meth:`evaluate` plus ``sampled`` (classes per step) and ``step_ms`` (median step time, bank calls
+        included; NaN when no step ran in this process)."""
+        out = self.evaluate()
+        out["sampled"] = float(min(self.n_sampled, self.ctx.bank.size(CONCEPTS))) if self.ctx is not None else 0.0
+        out["step_ms"] = float(np.median(self.step_seconds) * 1e3) if self.step_seconds else float("nan")
+        return out
 
 
 def default_cache_dir() -> pathlib.Path:

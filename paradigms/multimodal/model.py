@@ -1,4 +1,4 @@
-"""The dual encoder: trainable heads over frozen image features and hashed text ids."""
+"""The dual encoder: trainable heads over frozen image features and frozen sentence features or hashed text ids."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ __all__ = ["DualEncoder", "ImageQueryHead"]
 
 
 class ImageQueryHead(nn.Module):
-    """Maps frozen image features to an L2-normalised ``dim``-d embedding (an MLP)."""
+    """Maps frozen features (of images, or of sentences) to an L2-normalised ``dim``-d embedding (an MLP)."""
 
     def __init__(self, feature_dim: int, dim: int, hidden: int = 256) -> None:
         super().__init__()
@@ -27,36 +27,50 @@ class ImageQueryHead(nn.Module):
 class DualEncoder(nn.Module):
     """CLIP-style dual encoder: an image head and a text head into one ``dim``-d unit sphere.
 
+    The text head is a projection MLP over frozen sentence features (``text_dim`` given, e.g. the
+    384-d all-MiniLM-L6-v2 features) or, without pretrained text weights, a bag of hashed token ids.
+
     Parameters
     ----------
     feature_dim
         Size of the frozen image features.
     text_buckets
-        Number of hashed text token ids (id 0 is padding).
+        Number of hashed text token ids (id 0 is padding); unused with ``text_dim``.
     dim
         Embedding size.
     hidden
         Width of the heads.
     temperature
         Initial softmax temperature; its log is learned (bounded to [0.01, 1]).
+    text_dim
+        Size of frozen text features (``None``: the text input is hashed token ids).
+    learn_temperature
+        Learn the temperature (``False``: it stays at ``temperature``).
     """
 
     def __init__(self, feature_dim: int, text_buckets: int, dim: int = 64, hidden: int = 256,
-                 temperature: float = 0.07) -> None:
+                 temperature: float = 0.07, text_dim: int | None = None, learn_temperature: bool = True) -> None:
         super().__init__()
         self.image = ImageQueryHead(feature_dim, dim, hidden)
-        self.text_bag = nn.EmbeddingBag(text_buckets, hidden, mode="mean", padding_idx=0)
-        self.text_out = nn.Sequential(nn.GELU(), nn.Linear(hidden, dim))
-        self.log_scale = nn.Parameter(torch.tensor(math.log(1.0 / temperature)))
+        self.text_dim = text_dim
+        if text_dim is None:
+            self.text_bag = nn.EmbeddingBag(text_buckets, hidden, mode="mean", padding_idx=0)
+            self.text_out = nn.Sequential(nn.GELU(), nn.Linear(hidden, dim))
+        else:
+            self.text_head = ImageQueryHead(text_dim, dim, hidden)
+        self.log_scale = nn.Parameter(torch.tensor(math.log(1.0 / temperature)), requires_grad=learn_temperature)
 
     def encode_image(self, features: torch.Tensor) -> torch.Tensor:
         """Unit-norm image embeddings ``[n, dim]``."""
         out: torch.Tensor = self.image(features)
         return out
 
-    def encode_text(self, ids: torch.Tensor) -> torch.Tensor:
-        """Unit-norm text embeddings ``[n, dim]`` of 0-padded token ids ``[n, L]``."""
-        out: torch.Tensor = nn.functional.normalize(self.text_out(self.text_bag(ids)), dim=-1)
+    def encode_text(self, text: torch.Tensor) -> torch.Tensor:
+        """Unit-norm text embeddings ``[n, dim]`` of frozen features ``[n, text_dim]`` or 0-padded token ids ``[n, L]``."""
+        if self.text_dim is not None:
+            projected: torch.Tensor = self.text_head(text)
+            return projected
+        out: torch.Tensor = nn.functional.normalize(self.text_out(self.text_bag(text)), dim=-1)
         return out
 
     @property

@@ -26,6 +26,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from carls_dask.paradigms.data.sentences import SENTENCE_DIM
 from carls_dask.paradigms.multimodal.loops import (
     NEGATIVES,
     ConceptClassifierTrainer,
@@ -37,6 +38,7 @@ from carls_dask.paradigms.multimodal.loops import (
     initialise_bank,
     load_corpus,
 )
+from carls_dask.paradigms.multimodal.text import TEXT_ENCODERS, resolve_text_encoder
 from carls_dask.runtime.context import LoopResult
 from carls_dask.runtime.paradigm import Paradigm
 from carls_dask.storage.errors import ConfigError
@@ -110,6 +112,17 @@ class MultimodalSettings:
         Steps between evaluations of the retrieval figures (none: only at the end).
     torch_threads
         Intra-op threads torch may use in each loop's process (none leaves torch's default).
+    text_encoder
+        ``minilm`` (frozen all-MiniLM-L6-v2 features, a trainable projection head), ``hashed`` (hashed
+        words and character trigrams, no pretrained weights) or ``auto`` (MiniLM when its packages
+        import, else hashed with a warning; resolved before the run starts).
+    temperature
+        Initial softmax temperature of the contrastive loss.
+    learn_temperature
+        Learn the temperature (false: it stays fixed).
+    classifier_sampled
+        Classes the concept classifier samples per step (at least the number of classes, with a
+        ``uniform`` sampler, is the full softmax).
     """
 
     negatives: str = "uniform"
@@ -119,7 +132,7 @@ class MultimodalSettings:
     split_seed: int | None = None
     steps: int = 400
     batch_size: int = 32
-    n_negatives: int = 256
+    n_negatives: int = 1024
     n_hard: int = 8
     lr: float = 2e-3
     weight_decay: float = 1e-4
@@ -135,6 +148,10 @@ class MultimodalSettings:
     bank_wait_s: float = 0.0
     eval_every: int | None = 100
     torch_threads: int | None = 1
+    text_encoder: str = "auto"
+    temperature: float = 0.07
+    learn_temperature: bool = True
+    classifier_sampled: int = 64
 
     def __post_init__(self) -> None:
         def is_int(v: Any) -> bool:
@@ -149,6 +166,11 @@ class MultimodalSettings:
             (self.negatives in NEGATIVES, f"negatives={self.negatives!r}; expected one of {NEGATIVES}"),
             (isinstance(self.reencode, bool), f"reencode={self.reencode!r}; expected a bool"),
             (isinstance(self.logq_correction, bool), f"logq_correction={self.logq_correction!r}; expected a bool"),
+            (self.text_encoder in TEXT_ENCODERS, f"text_encoder={self.text_encoder!r}; expected one of {TEXT_ENCODERS}"),
+            (isinstance(self.learn_temperature, bool), f"learn_temperature={self.learn_temperature!r}; expected a bool"),
+            (isinstance(self.temperature, int | float) and math.isfinite(self.temperature)
+             and 0.01 <= self.temperature <= 1, f"temperature={self.temperature!r}; expected a number in [0.01, 1]"),
+            at_least("classifier_sampled", 1),
             at_least("seed", 0), at_least("split_seed", 0, True), at_least("steps", 1), at_least("batch_size", 2),
             at_least("n_negatives", 1), at_least("n_hard", 1), at_least("dim", 1), at_least("hidden", 1),
             at_least("limit", 3, True),
@@ -184,7 +206,7 @@ class MultimodalSettings:
         """The :class:`CorpusSpec` of these settings (what every loop loads)."""
         return CorpusSpec(size=self.image_size, limit=self.limit, n_test=self.test_concepts, n_val=self.n_val,
                           seed=self.seed if self.split_seed is None else self.split_seed, cache_dir=self.cache_dir,
-                          torch_threads=self.torch_threads)
+                          torch_threads=self.torch_threads, text_encoder=self.text_encoder)
 
 
 class Multimodal(Paradigm):
@@ -204,23 +226,28 @@ class Multimodal(Paradigm):
     unprefixed = {"trainer": RECALLS, "maker": ("text_drift",)}
 
     def prepare(self, settings: MultimodalSettings) -> MultimodalSettings:
-        """Resolve the cache folder here (so every loop gets it explicitly) and load the corpus once.
+        """Resolve the cache folder and the text encoder here (so every loop gets them explicitly) and load
+        the corpus once.
 
         Loading renders the images and computes the frozen features when they are not cached yet,
         so the loops only read the caches, and a bad split fails before any cluster starts.
         """
         folder = settings.cache_dir or str(default_cache_dir())
-        settings = dataclasses.replace(settings, cache_dir=folder)
+        settings = dataclasses.replace(settings, cache_dir=folder,
+                                       text_encoder=resolve_text_encoder(settings.text_encoder))
         corpus = load_corpus(settings.corpus())
         logger.info("multimodal corpus: %d train pairs, %d validation and %d test concepts (cache %s)",
                     len(corpus.train), len(corpus.val), len(corpus.test), folder)
         return settings
 
     def tables(self, settings: MultimodalSettings) -> Sequence[Any]:
-        return corpus_tables(settings.dim, settings.dim if settings.classifier_steps else None)
+        minilm = resolve_text_encoder(settings.text_encoder) == "minilm"
+        return corpus_tables(settings.dim, settings.dim if settings.classifier_steps else None,
+                             SENTENCE_DIM if minilm else None)
 
     def initialise(self, bank: Any, settings: MultimodalSettings) -> None:
-        """Write the frozen pretrained image features of the train corpus into ``images.pretrained``."""
+        """Write the frozen pretrained features of the train corpus into ``images.pretrained`` (and, with the
+        MiniLM text encoder, ``texts.pretrained``)."""
         written = initialise_bank(bank, settings.corpus())
         logger.info("pretrained features written for %d corpus rows", written)
 
@@ -230,10 +257,12 @@ class Multimodal(Paradigm):
             corpus, negatives=s.negatives, n_negatives=s.n_negatives, n_hard=s.n_hard, reencode=s.reencode,
             logq_correction=s.logq_correction, batch_size=s.batch_size, lr=s.lr, dim=s.dim, hidden=s.hidden,
             weight_decay=s.weight_decay, seed=s.seed, bank_wait_s=s.bank_wait_s, name=TRAINER, max_steps=s.steps,
-            publish_every=s.publish_every, eval_every=s.eval_every)]
+            publish_every=s.publish_every, eval_every=s.eval_every, temperature=s.temperature,
+            learn_temperature=s.learn_temperature)]
         if s.classifier_steps:
             out.append(ConceptClassifierTrainer(corpus, dim=s.dim, hidden=s.hidden, seed=s.seed, name=CLASSIFIER,
-                                                max_steps=s.classifier_steps, eval_every=s.eval_every))
+                                                n_sampled=s.classifier_sampled, max_steps=s.classifier_steps,
+                                                eval_every=s.eval_every))
         out.append(CorpusMaker(corpus, dim=s.dim, hidden=s.hidden, name=MAKER, source=TRAINER))
         return out
 
@@ -244,7 +273,8 @@ class Multimodal(Paradigm):
         (``val_...``), the split sizes, ``bank_steps`` (steps that used bank negatives),
         ``mean_bank_age_s`` (with stored embeddings), ``steps`` and ``steps_per_s`` of the trainer;
         ``maker_rounds`` and ``mean_staleness_s`` of the corpus maker; with a classifier its
-        ``classifier_top1``, ``classifier_top5``, ``classifier_classes`` and ``classifier_steps``.
+        ``classifier_top1``, ``classifier_top5``, ``classifier_classes`` (every CLDR concept),
+        ``classifier_sampled`` (classes per step), ``classifier_step_ms`` and ``classifier_steps``.
         """
         trainer = results[TRAINER]
         out: dict[str, Any] = {k: _number(v) for k, v in dict(trainer.value or {}).items()}
@@ -257,7 +287,7 @@ class Multimodal(Paradigm):
         classifier = results.get(CLASSIFIER)
         if classifier is not None:
             value = dict(classifier.value or {})
-            for key in ("top1", "top5", "classes"):
+            for key in ("top1", "top5", "classes", "sampled", "step_ms"):
                 out[f"classifier_{key}"] = _number(value.get(key))
             out["classifier_steps"] = classifier.step
         return out

@@ -1,7 +1,14 @@
-"""Text to hashed token ids: words and character trigrams, hashed into a fixed number of buckets."""
+"""Text inputs of the dual encoder: hashed token ids, or the choice of the pretrained sentence encoder.
+
+The hashed encoder needs no weights: words and character trigrams, hashed into a fixed number of
+buckets. The pretrained one is all-MiniLM-L6-v2 (:mod:`carls_dask.paradigms.data.sentences`), whose
+frozen 384-d features the trainer projects; :func:`resolve_text_encoder` picks between them.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import re
 import zlib
 from collections.abc import Sequence
@@ -10,7 +17,9 @@ import numpy as np
 
 from carls_dask.storage.errors import ConfigError
 
-__all__ = ["hash_tokens", "tokens"]
+__all__ = ["TEXT_ENCODERS", "hash_tokens", "minilm_available", "resolve_text_encoder", "tokens"]
+
+logger = logging.getLogger(__name__)
 
 _WORD = re.compile(r"[a-z0-9#*]+")
 
@@ -42,3 +51,46 @@ def hash_tokens(texts: Sequence[str], buckets: int = 1 << 12, max_len: int = 64)
         ids = [1 + zlib.crc32(tok.encode()) % (buckets - 1) for tok in tokens(t)][:max_len]
         out[i, : len(ids)] = ids
     return out
+
+
+TEXT_ENCODERS = ("auto", "minilm", "hashed")
+
+
+def minilm_available() -> bool:
+    """Whether the pretrained sentence encoder can be loaded (its wheel and ``transformers`` import)."""
+    try:
+        resolve_text_encoder("minilm")
+    except ConfigError:
+        return False
+    return True
+
+
+def resolve_text_encoder(choice: str) -> str:
+    """``"minilm"`` or ``"hashed"``: the text encoder a setting ``choice`` means on this machine.
+
+    ``"auto"`` is MiniLM when its packages import, else the hashed encoder (with a logged warning);
+    an explicit ``"minilm"`` without them raises.
+
+    Raises
+    ------
+    ConfigError
+        If ``choice`` is not one of :data:`TEXT_ENCODERS`, or is ``"minilm"`` and the packages of
+        all-MiniLM-L6-v2 are missing (the message names the install command).
+    """
+    if choice not in TEXT_ENCODERS:
+        raise ConfigError(f"text_encoder={choice!r}; expected one of {TEXT_ENCODERS}")
+    if choice == "hashed":
+        return "hashed"
+    from carls_dask.paradigms.data.sentences import SENTENCE_MODEL, sentence_model_path
+
+    try:
+        sentence_model_path()
+        if importlib.util.find_spec("transformers") is None:
+            raise ConfigError(f"the sentence encoder {SENTENCE_MODEL} needs the package 'transformers', which is "
+                              f"not installed; install it with: pip install transformers  (or: pip install -e '.[text]')")
+    except ConfigError as exc:
+        if choice == "minilm":
+            raise
+        logger.warning("text_encoder='auto': %s; falling back to the hashed text encoder", exc)
+        return "hashed"
+    return "minilm"

