@@ -101,6 +101,8 @@ class CurriculumTrainer(Trainer):
         self.x = torch.from_numpy(data.images.x_train).to(self.device)
         self.x_test = torch.from_numpy(data.images.x_test).to(self.device)
         self.y_test = data.images.y_test
+        self.x_val = None if data.x_val is None else torch.from_numpy(data.x_val).to(self.device)
+        self.val = data.val
         self.given = data.labels.labels
         self.noisy = data.labels.flipped
         self.clean = data.labels.clean
@@ -108,7 +110,7 @@ class CurriculumTrainer(Trainer):
         self.targets = torch.from_numpy(self.given.copy()).to(self.device)
         self.weights = torch.ones(self.given.shape[0], device=self.device)
         self.model = make_model(s, data.images.image_shape, data.images.n_classes).to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=s.lr)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
         pacing = s.make_pacing()
         self.sampler = CurriculumSampler(int(self.given.shape[0]), s.batch_size, pacing, seed=s.seed)
         self.rule = s.rule()
@@ -135,6 +137,11 @@ class CurriculumTrainer(Trainer):
         self.sampler.set_excluded(weights == 0)
         if self.settings.balanced:
             self.sampler.set_groups(labels)
+        # the share of the labels in use (less the excluded) that the newest model rejects
+        used = found & (weights > 0)
+        noise_estimate = float((v["pseudo_label"][used] != labels[used]).mean()) if used.any() else 0.0
+        if self.settings.noise_limit:
+            self.sampler.set_limit(max(1.0 - noise_estimate, 0.05))
         self.targets = torch.from_numpy(labels).to(self.device)
         self.weights = torch.from_numpy(weights).to(self.device)
         q = detection_quality(flagged, self.noisy)
@@ -145,6 +152,7 @@ class CurriculumTrainer(Trainer):
             "flag_precision": q["precision"],
             "flag_recall": q["recall"],
             "label_accuracy": float((labels == self.clean).mean()),
+            "noise_estimate": noise_estimate,
             "scores_steps_behind": float(steps_behind.mean()),
             "scores_age_s": float(np.nanmean(np.asarray(got.age)[found])),
         }
@@ -155,6 +163,10 @@ class CurriculumTrainer(Trainer):
         if self.use_bank and step % self.settings.refresh_every == 0:
             self.refresh(step)
         self.sampler.set_step(step)
+        if self.settings.lr_schedule == "cosine":
+            lr = 0.5 * self.settings.lr * (1.0 + np.cos(np.pi * min(step, self.settings.steps) / self.settings.steps))
+            for group in self.optimizer.param_groups:
+                group["lr"] = float(lr)
         idx = torch.from_numpy(self.sampler.next_batch()).to(self.device)
         logits = self.model(self.x[idx])
         per = torch.nn.functional.cross_entropy(logits, self.targets[idx], reduction="none")
@@ -165,11 +177,21 @@ class CurriculumTrainer(Trainer):
         self.optimizer.step()
         return {"loss": float(loss.detach()), **self.sampler.last, **self.knowledge}
 
+    def validation(self) -> dict[str, float]:
+        """Accuracy on the held-out split against its noisy labels (``val_accuracy``, what choices are made
+        on) and its true ones (``val_accuracy_clean``, for reports); empty without a holdout."""
+        if self.x_val is None or self.val is None:
+            return {}
+        pred = _logits(self.model, self.x_val).argmax(axis=1)
+        return {"val_accuracy": float((pred == self.val.labels).mean()),
+                "val_accuracy_clean": float((pred == self.val.clean).mean())}
+
     def evaluate(self) -> Mapping[str, float]:
-        """Clean test accuracy of the current weights (also kept in :attr:`history`)."""
+        """Clean test accuracy of the current weights (also kept in :attr:`history`), and the validation figures."""
         accuracy = evaluate(self.model, self.x_test, self.y_test)
-        self.history.append({"step": float(self.start_step), "test_accuracy": accuracy})
-        return {"test_accuracy": accuracy}
+        out = {"test_accuracy": accuracy, **self.validation()}
+        self.history.append({"step": float(self.start_step), **out})
+        return out
 
     def state(self) -> dict[str, Any]:
         """The base checkpoint plus the sampler, the training targets and weights, the knowledge and history.
@@ -199,7 +221,7 @@ class CurriculumTrainer(Trainer):
 
     def finish(self) -> dict[str, Any]:
         """The final clean test and train accuracy, the newest knowledge figures and the evaluation history."""
-        return {"test_accuracy": evaluate(self.model, self.x_test, self.y_test),
+        return {"test_accuracy": evaluate(self.model, self.x_test, self.y_test), **self.validation(),
                 "train_accuracy_clean": float((_logits(self.model, self.x).argmax(axis=1) == self.clean).mean()),
                 **self.knowledge, "history": self.history}
 

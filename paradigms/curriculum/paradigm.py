@@ -5,11 +5,12 @@ Variants (``carls-dask run curriculum --variant NAME``):
 ``uniform``
     Batches drawn uniformly from all examples with their given labels; no bank, no makers (the baseline).
 ``curriculum``
-    The makers score every example with each new model version; the trainer draws from the easiest
-    share of every class, growing to all of them by the pacing function.
+    The makers score every example with each new model version; after a warm-up on all examples the
+    trainer draws from the easiest half of every class, growing to all of them by the pacing function.
 ``curriculum+clean`` (default)
     ``curriculum`` plus cleaning: examples whose given label the makers rejected with confidence in
-    consecutive rounds are down-weighted (weight 0: no longer drawn).
+    consecutive rounds are relabelled with the makers' prediction (``clean="downweight"`` stops drawing
+    them instead).
 
 The run folder also holds ``truth.npz``: the clean training labels (``keys``, ``labels``), which
 training never reads, for the dashboards' accuracy-by-difficulty view.
@@ -40,7 +41,8 @@ UNPREFIXED: dict[str, tuple[str, ...]] = {
 }
 
 #: The trainer's final figures a run reports (NaN when the run did not measure one, e.g. no bank).
-TRAINER_FIGURES = ("test_accuracy", "train_accuracy_clean", "flag_precision", "flag_recall", "flagged_fraction",
+TRAINER_FIGURES = ("test_accuracy", "val_accuracy", "val_accuracy_clean", "noise_estimate", "train_accuracy_clean",
+                   "flag_precision", "flag_recall", "flagged_fraction",
                    "label_accuracy", "scored_fraction", "scores_steps_behind")
 
 
@@ -58,7 +60,7 @@ class Curriculum(Paradigm):
     variants = {
         "uniform": {"pacing": "uniform", "clean": "none"},
         "curriculum": {"pacing": "linear", "clean": "none"},
-        "curriculum+clean": {"pacing": "linear", "clean": "downweight"},
+        "curriculum+clean": {"pacing": "linear", "clean": "relabel"},
     }
     default_variant = "curriculum+clean"
     headline = ("test_accuracy", "flag_precision", "flag_recall")

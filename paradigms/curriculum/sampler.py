@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from carls_dask.paradigms.curriculum.pacing import Pacing
+from carls_dask.paradigms.curriculum.pacing import FractionPacing, Pacing
 from carls_dask.storage.errors import ConfigError, InvalidShapeError
 
 __all__ = ["CurriculumSampler"]
@@ -57,8 +57,10 @@ class CurriculumSampler(Sampler[list[int]]):
         self.rank = np.full(n, np.nan, dtype=np.float64)
         self.excluded = np.zeros(n, dtype=bool)
         self.groups: np.ndarray | None = None
+        self.limit = 1.0
         self.seen = np.zeros(n, dtype=bool)
         self.last: dict[str, float] = {}
+        self._order: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def set_step(self, step: int) -> None:
         """The trainer step the next batch is for."""
@@ -76,6 +78,7 @@ class CurriculumSampler(Sampler[list[int]]):
             order = np.argsort(np.where(finite, d, np.inf), kind="stable")
             k = int(finite.sum())
             self.rank[order[:k]] = np.arange(k) / max(k - 1, 1)
+        self._order = None
 
     def set_excluded(self, excluded: np.ndarray) -> None:
         """``bool[n]``: examples never to draw (e.g. loss weight 0)."""
@@ -94,16 +97,58 @@ class CurriculumSampler(Sampler[list[int]]):
         if g.shape != (self.n,) or g.dtype.kind not in "iu":
             raise InvalidShapeError(f"CurriculumSampler.set_groups: got {g.dtype}{list(g.shape)}; expected int[{self.n}]")
         self.groups = g.astype(np.int64)
+        self._order = None
+
+    def set_limit(self, limit: float) -> None:
+        """Admit at most the easiest ``limit`` share of each group, whatever the pacing plans (small-loss
+        selection: e.g. ``1 -`` the estimated noise rate). Applies once scores exist and the warm-up is over."""
+        if not 0.0 < float(limit) <= 1.0:
+            raise ConfigError(f"CurriculumSampler.set_limit: limit={limit!r}; expected a fraction in (0, 1]")
+        self.limit = float(limit)
+
+    def _ranks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per example: its group's index and its rank (0 = easiest) within the group; and the group sizes.
+
+        Ties are broken by index and unscored examples rank last, as in the pacing's own ordering.
+        """
+        if self._order is None:
+            groups = np.zeros(self.n, dtype=np.int64) if self.groups is None else self.groups
+            _, gi, sizes = np.unique(groups, return_inverse=True, return_counts=True)
+            gi = gi.reshape(-1)
+            order = np.argsort(np.where(np.isfinite(self.difficulty), self.difficulty, np.inf), kind="stable")
+            rank = np.empty(self.n, dtype=np.int64)
+            g_sorted = gi[order]
+            for g in range(sizes.shape[0]):
+                members = order[g_sorted == g]
+                rank[members] = np.arange(members.shape[0])
+            self._order = (gi, rank, sizes)
+        return self._order
+
+    def _easiest_share(self, share: float) -> np.ndarray:
+        gi, rank, sizes = self._ranks()
+        counts = np.maximum(1, np.ceil(share * sizes - 1e-9)).astype(np.int64)
+        out: np.ndarray = rank < counts[gi]
+        return out
 
     def admitted(self) -> np.ndarray:
         """``bool[n]``: the examples the pacing admits at the current step, less the excluded ones."""
-        if self.groups is None:
-            mask = self.pacing.admit(self.difficulty, self.step)
+        p = self.pacing
+        scored = bool(np.isfinite(self.difficulty).any())
+        paced = scored and self.step >= p.warmup_steps
+        if isinstance(p, FractionPacing) and p.schedule != "uniform":
+            # the easiest share of each group, from ranks computed once per set of scores
+            mask = (self._easiest_share(min(p.planned(self.step), self.limit)) if paced
+                    else np.ones(self.n, dtype=bool))
         else:
-            mask = np.zeros(self.n, dtype=bool)
-            for g in np.unique(self.groups):
-                members = np.flatnonzero(self.groups == g)
-                mask[members] = self.pacing.admit(self.difficulty[members], self.step)
+            if self.groups is None:
+                mask = p.admit(self.difficulty, self.step)
+            else:
+                mask = np.zeros(self.n, dtype=bool)
+                for g in np.unique(self.groups):
+                    members = np.flatnonzero(self.groups == g)
+                    mask[members] = p.admit(self.difficulty[members], self.step)
+            if paced and self.limit < 1.0:
+                mask &= self._easiest_share(self.limit)
         mask &= ~self.excluded
         if not mask.any():  # everything admitted is excluded: fall back to what is not excluded
             mask = ~self.excluded if (~self.excluded).any() else np.ones(self.n, dtype=bool)
@@ -132,7 +177,7 @@ class CurriculumSampler(Sampler[list[int]]):
         """What :meth:`load_state_dict` needs to continue with the same draws."""
         return {"step": self.step, "rng": self.rng.bit_generator.state, "seen": self.seen.copy(),
                 "difficulty": self.difficulty.copy(), "excluded": self.excluded.copy(),
-                "groups": None if self.groups is None else self.groups.copy()}
+                "groups": None if self.groups is None else self.groups.copy(), "limit": self.limit}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`."""
@@ -142,3 +187,4 @@ class CurriculumSampler(Sampler[list[int]]):
         self.set_difficulty(state["difficulty"])
         self.set_excluded(state["excluded"])
         self.set_groups(state.get("groups"))
+        self.set_limit(float(state.get("limit", 1.0)))

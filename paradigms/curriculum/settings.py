@@ -6,6 +6,8 @@ import dataclasses
 import functools
 from typing import Any
 
+import numpy as np
+
 from carls_dask.paradigms.curriculum.cleaning import CLEAN_MODES, CleaningRule
 from carls_dask.paradigms.curriculum.noise import NoisyLabels, symmetric_noise
 from carls_dask.paradigms.curriculum.pacing import PACING_SCHEDULES, Pacing, make_pacing
@@ -34,14 +36,26 @@ class CurriculumSettings:
         Symmetric label-noise rate injected into the training labels.
     seed
         Seed of the subset, the noise, the model initialisation and the batches.
+    holdout
+        Fraction of the training images held out as a validation split (with their noisy labels, as
+        a user with noisy data would have them); the trainer reports its accuracy as ``val_accuracy``.
+        Hyper-parameters are chosen on it. 0: train on every training image.
     model
-        ``"mlp"`` (one hidden layer of ``hidden`` units) or ``"cnn"`` (two conv layers).
+        ``"mlp"`` (``layers`` hidden layers of ``hidden`` units) or ``"cnn"`` (two conv layers).
     hidden
-        Hidden units of the model's last hidden layer.
+        Hidden units of the model's hidden layers.
+    layers
+        Hidden layers of the MLP.
+    dropout
+        Dropout rate after each hidden layer.
     steps
         Trainer steps.
     batch_size, lr
         Batch size and Adam learning rate.
+    weight_decay
+        Adam's L2 weight decay.
+    lr_schedule
+        ``"constant"`` or ``"cosine"`` (decays the learning rate to 0 over ``steps``).
     pacing
         Pacing schedule (one of :data:`~carls_dask.paradigms.curriculum.pacing.PACING_SCHEDULES`).
     pacing_start, pacing_end
@@ -60,6 +74,10 @@ class CurriculumSettings:
         The :class:`~carls_dask.paradigms.curriculum.cleaning.CleaningRule`.
     flagged_weight
         Loss weight of flagged examples under ``"downweight"``.
+    noise_limit
+        Small-loss selection: after the warm-up, admit at most the easiest ``1 - r`` share of each
+        class, where ``r`` is the noise rate the makers estimate (the share of examples whose used
+        label the newest model rejects). As cleaning relabels, ``r`` falls and more is admitted.
     publish_every
         Trainer steps between model versions (the makers rescore after each).
     refresh_every
@@ -78,32 +96,38 @@ class CurriculumSettings:
     """
 
     dataset: str = "fashion-mnist"
-    n_train: int | None = 10_000
-    n_test: int | None = 5_000
+    n_train: int | None = None
+    n_test: int | None = None
     noise: float = 0.3
     seed: int = 0
+    holdout: float = 0.0
     model: str = "mlp"
     hidden: int = 256
-    steps: int = 2000
+    layers: int = 1
+    dropout: float = 0.0
+    steps: int = 7035
     batch_size: int = 128
     lr: float = 1e-3
+    weight_decay: float = 0.0
+    lr_schedule: str = "constant"
     pacing: str = "linear"
-    pacing_start: float | None = None
+    pacing_start: float | None = 0.5
     pacing_end: float | None = None
     ramp: float = 0.5
     warmup: float = 0.1
     balanced: bool = True
     scorer: str = "loss"
-    clean: str = "downweight"
-    clean_confidence: float = 0.6
-    clean_rounds: int = 2
+    clean: str = "relabel"
+    clean_confidence: float = 0.9
+    clean_rounds: int = 3
     flagged_weight: float = 0.0
-    publish_every: int = 100
-    refresh_every: int = 25
+    noise_limit: bool = False
+    publish_every: int = 469
+    refresh_every: int = 469
     eval_every: int = 0
     makers: int = 1
     data_dir: str | None = None
-    threads: int | None = None
+    threads: int | None = 1
 
     def __post_init__(self) -> None:
         if self.dataset not in ("fashion-mnist", "digits"):
@@ -116,7 +140,7 @@ class CurriculumSettings:
             raise ConfigError(f"CurriculumSettings: scorer={self.scorer!r}; expected one of {sorted(SCORERS)}")
         if self.clean not in CLEAN_MODES:
             raise ConfigError(f"CurriculumSettings: clean={self.clean!r}; expected one of {list(CLEAN_MODES)}")
-        for name in ("steps", "batch_size", "publish_every", "refresh_every", "hidden", "makers"):
+        for name in ("steps", "batch_size", "publish_every", "refresh_every", "hidden", "makers", "layers"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"CurriculumSettings: {name}={v!r}; expected a positive int")
@@ -127,6 +151,14 @@ class CurriculumSettings:
             raise ConfigError(f"CurriculumSettings: eval_every={self.eval_every!r}; expected an int >= 0")
         if not 0.0 <= self.noise < 1.0:
             raise ConfigError(f"CurriculumSettings: noise={self.noise!r}; expected a rate in [0, 1)")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ConfigError(f"CurriculumSettings: lr_schedule={self.lr_schedule!r}; expected 'constant' or 'cosine'")
+        if not 0.0 <= self.holdout < 1.0:
+            raise ConfigError(f"CurriculumSettings: holdout={self.holdout!r}; expected a fraction in [0, 1)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"CurriculumSettings: dropout={self.dropout!r}; expected a rate in [0, 1)")
+        if not self.weight_decay >= 0.0:
+            raise ConfigError(f"CurriculumSettings: weight_decay={self.weight_decay!r}; expected a value >= 0")
         for name in ("ramp", "warmup"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"CurriculumSettings: {name}={getattr(self, name)!r}; expected a fraction of steps")
@@ -153,10 +185,16 @@ class CurriculumSettings:
 
 @dataclasses.dataclass(frozen=True)
 class CurriculumData:
-    """The images and the noisy training labels of a run."""
+    """The images and the noisy training labels of a run.
+
+    With a ``holdout``, ``images`` and ``labels`` hold the training part only and ``val`` the held-out
+    images with their noisy labels (``val.labels``) and true ones (``val.clean``, for reports only).
+    """
 
     images: ImageData
     labels: NoisyLabels
+    x_val: np.ndarray | None = None
+    val: NoisyLabels | None = None
 
 
 @functools.lru_cache(maxsize=4)
@@ -172,7 +210,18 @@ def load_data(s: CurriculumSettings) -> CurriculumData:
     """
     images = _load(s.dataset, s.n_train, s.n_test, s.seed, s.data_dir)
     noisy = symmetric_noise(images.y_train, s.noise, images.n_classes, seed=10_007 + s.seed)
-    return CurriculumData(images, noisy)
+    if s.holdout == 0.0:
+        return CurriculumData(images, noisy)
+    n = noisy.labels.shape[0]
+    order = np.random.default_rng(20_011 + s.seed).permutation(n)
+    n_val = max(1, round(s.holdout * n))
+    val, train = np.sort(order[:n_val]), np.sort(order[n_val:])
+
+    def part(idx: np.ndarray) -> NoisyLabels:
+        return NoisyLabels(noisy.labels[idx], noisy.clean[idx], noisy.flipped[idx], noisy.rate)
+
+    return CurriculumData(dataclasses.replace(images, x_train=images.x_train[train], y_train=images.y_train[train]),
+                          part(train), images.x_train[val], part(val))
 
 
 def make_model(s: CurriculumSettings, image_shape: tuple[int, ...], n_classes: int) -> Any:
@@ -182,11 +231,19 @@ def make_model(s: CurriculumSettings, image_shape: tuple[int, ...], n_classes: i
 
     torch.manual_seed(s.seed)
     c, h, w = image_shape
+
+    def hidden(n_in: int) -> list[nn.Module]:
+        out: list[nn.Module] = [nn.Linear(n_in, s.hidden), nn.ReLU()]
+        return [*out, nn.Dropout(s.dropout)] if s.dropout > 0 else out
+
     if s.model == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, s.hidden), nn.ReLU(), nn.Linear(s.hidden, n_classes))
+        body: list[nn.Module] = [nn.Flatten()]
+        for i in range(s.layers):
+            body += hidden(c * h * w if i == 0 else s.hidden)
+        return nn.Sequential(*body, nn.Linear(s.hidden, n_classes))
     return nn.Sequential(
         nn.Conv2d(c, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * (h // 4) * (w // 4), s.hidden), nn.ReLU(), nn.Linear(s.hidden, n_classes),
+        nn.Flatten(), *hidden(32 * (h // 4) * (w // 4)), nn.Linear(s.hidden, n_classes),
     )
 

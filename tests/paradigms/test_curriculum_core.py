@@ -238,7 +238,7 @@ def test_settings_from_options_parse_and_reject() -> None:
     s = p.settings(options={"noise": "0.5", "pacing": "root", "n-train": "none", "clean-rounds": "3",
                             "makers": "2"}, steps=10)
     assert (s.noise, s.pacing, s.n_train, s.clean_rounds, s.steps, s.makers) == (0.5, "root", None, 3, 10, 2)
-    assert (s.clean, s.uses_bank) == ("downweight", True)  # the default variant cleans
+    assert (s.clean, s.uses_bank) == ("relabel", True)  # the default variant cleans
     base = p.settings("uniform")
     assert (base.pacing, base.clean, base.uses_bank) == ("uniform", "none", False)
     with pytest.raises(ConfigError, match="'colour'='red': unknown"):
@@ -279,7 +279,9 @@ TIMING = {"trainer_seconds", "maker_staleness_s_mean"}
 def _digits(variant: str = "curriculum+clean", **kw: object) -> CurriculumSettings:
     base: dict[str, object] = dict(dataset="digits", n_train=None, n_test=None, noise=0.3, steps=240, batch_size=64,
                                    threads=1, hidden=64, lr=3e-3, publish_every=40, refresh_every=20, warmup=0.25,
-                                   ramp=0.5, clean_confidence=0.6, clean_rounds=2)
+                                   ramp=0.5, clean_confidence=0.6, clean_rounds=2, pacing_start=0.25)
+    if variant == "curriculum+clean":
+        base["clean"] = "downweight"  # these small runs were calibrated with down-weighting
     base.update(kw)
     settings: CurriculumSettings = Curriculum().settings(variant, **base)
     return settings
@@ -354,6 +356,51 @@ def test_curriculum_with_cleaning_beats_uniform_sampling_under_label_noise() -> 
         gain = clean["test_accuracy"] - uniform["test_accuracy"]
         assert gain > 0.025, (seed, uniform["test_accuracy"], clean["test_accuracy"])
         assert clean["flag_precision"] > 0.9 and clean["flag_recall"] > 0.8, (seed, clean)
+
+
+def test_relabelling_curriculum_beats_uniform_sampling_under_half_wrong_labels() -> None:
+    """50 % symmetric noise on digits with the default variant (relabel flagged examples, 3 rounds).
+
+    Measured (1600 steps of 64, clean_confidence 0.6 as the benchmark uses at 50 %): uniform 0.784 / 0.837
+    and curriculum+clean 0.918 / 0.927 for seeds 0 / 1 (+13.4 and +9.0 points); the test asks for 5.
+    """
+    from carls_dask.runtime import run_inline
+
+    p = Curriculum()
+    kw: dict[str, object] = dict(dataset="digits", n_train=None, n_test=None, noise=0.5, steps=1600, batch_size=64,
+                                 threads=1, hidden=64, lr=3e-3, publish_every=40, refresh_every=40, warmup=0.25,
+                                 ramp=0.5)
+    for seed in (0, 1):
+        uniform = run_inline(p, p.settings("uniform", seed=seed, **kw)).figures
+        clean = run_inline(p, p.settings(seed=seed, clean_confidence=0.6, **kw)).figures
+        assert clean["test_accuracy"] - uniform["test_accuracy"] > 0.05, (seed, uniform, clean)
+        assert clean["label_accuracy"] > 0.85, (seed, clean)  # from 0.5: most flipped labels were corrected
+
+
+def test_sampler_limit_admits_at_most_the_easiest_share_of_each_group() -> None:
+    s = CurriculumSampler(20, 4, make_pacing("linear", start=1.0), seed=0)
+    s.set_difficulty(np.arange(20, dtype=float))
+    s.set_groups(np.repeat([0, 1], 10))
+    s.set_limit(0.3)
+    assert np.flatnonzero(s.admitted()).tolist() == [0, 1, 2, 10, 11, 12]
+    with pytest.raises(ConfigError, match="limit=0"):
+        s.set_limit(0)
+
+
+def test_holdout_split_keeps_noisy_validation_labels_apart() -> None:
+    from carls_dask.paradigms.curriculum import load_data, make_model
+
+    s = CurriculumSettings(dataset="digits", holdout=0.2, noise=0.3, seed=3, layers=2, dropout=0.1)
+    d = load_data(s)
+    full = load_data(dataclasses.replace(s, holdout=0.0))
+    assert d.x_val is not None and d.val is not None
+    assert d.val.labels.shape[0] == round(0.2 * full.labels.labels.shape[0])
+    assert d.labels.labels.shape[0] + d.val.labels.shape[0] == full.labels.labels.shape[0]
+    assert 0.2 < d.val.flipped.mean() < 0.4  # the validation labels are noisy too
+    model = make_model(s, d.images.image_shape, d.images.n_classes)
+    assert sum(isinstance(m, torch.nn.Dropout) for m in model) == 2
+    with pytest.raises(ConfigError, match=r"holdout=1\.5"):
+        CurriculumSettings(holdout=1.5)
 
 
 class _Crash(Exception):

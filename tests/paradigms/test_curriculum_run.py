@@ -28,7 +28,9 @@ RESULT_KEYS = {"schema", "paradigm", "variant", "seed", "driver", "settings", "f
 def _digits(variant: str = "curriculum+clean", **kw: Any) -> CurriculumSettings:
     base: dict[str, Any] = dict(dataset="digits", n_train=None, n_test=None, noise=0.3, steps=200, batch_size=64,
                                 hidden=64, lr=3e-3, publish_every=40, refresh_every=10, warmup=0.2,
-                                clean_confidence=0.6, threads=1)
+                                clean_confidence=0.6, clean_rounds=2, pacing_start=0.25, threads=1)
+    if variant == "curriculum+clean":
+        base["clean"] = "downweight"  # these small runs were calibrated with down-weighting
     base.update(kw)
     settings: CurriculumSettings = Curriculum().settings(variant, **base)
     return settings
