@@ -43,6 +43,7 @@ variable), else ``<data folder>/wordnet`` when it exists, else ``/usr/share/word
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import os
@@ -400,6 +401,27 @@ def planetoid_split(labels: np.ndarray, *, per_class: int = 20, n_val: int = 500
     return train_idx, np.sort(perm[:n_val]).astype(np.int64), np.sort(perm[n_val:n_val + n_test]).astype(np.int64)
 
 
+@functools.lru_cache(maxsize=4)
+def _read_graph(path: str, stamp: tuple[int, int],
+                relations: frozenset[str] | None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """``(labels, edges, texts)`` of a ``data.noun``, parsed once per process for each version of the file.
+
+    ``stamp`` (modification time and size) keys the cache, so a changed file is read again. The
+    caller copies the arrays.
+    """
+    synsets = read_data_file(path)
+    other = [s for s in synsets if s.ss_type != "n"]
+    if other:
+        raise CorruptStoreError(f"WordNet data file {path}: synset {other[0].offset:08d} has ss_type "
+                                f"{other[0].ss_type!r}; expected only nouns ('n') in data.noun")
+    lex = np.asarray([s.lex_filenum for s in synsets], dtype=np.int64)
+    outside = lex[(lex < FIRST_NOUN_LEXFILE) | (lex >= FIRST_NOUN_LEXFILE + len(NOUN_LEXNAMES))]
+    if len(outside):
+        raise CorruptStoreError(f"WordNet data file {path}: lex_filenum {int(outside[0])}; expected noun files "
+                                f"{FIRST_NOUN_LEXFILE}-{FIRST_NOUN_LEXFILE + len(NOUN_LEXNAMES) - 1}")
+    return lex - FIRST_NOUN_LEXFILE, wordnet_edges(synsets, relations), synset_texts(synsets)
+
+
 def load_wordnet(data_dir: str | os.PathLike[str] | None = None, *, features: str = "auto",
                  wordnet_dir: str | os.PathLike[str] | None = None, cache_dir: str | os.PathLike[str] | None = None,
                  relations: Collection[str] | None = None, tfidf_dim: int = 256,
@@ -438,21 +460,13 @@ def load_wordnet(data_dir: str | os.PathLike[str] | None = None, *, features: st
     from carls_dask.paradigms.data.sentences import default_cache_dir
 
     path = find_wordnet_dir(wordnet_dir, data_dir) / "data.noun"
-    synsets = read_data_file(path)
-    other = [s for s in synsets if s.ss_type != "n"]
-    if other:
-        raise CorruptStoreError(f"WordNet data file {path}: synset {other[0].offset:08d} has ss_type "
-                                f"{other[0].ss_type!r}; expected only nouns ('n') in data.noun")
-    lex = np.asarray([s.lex_filenum for s in synsets], dtype=np.int64)
-    outside = lex[(lex < FIRST_NOUN_LEXFILE) | (lex >= FIRST_NOUN_LEXFILE + len(NOUN_LEXNAMES))]
-    if len(outside):
-        raise CorruptStoreError(f"WordNet data file {path}: lex_filenum {int(outside[0])}; expected noun files "
-                                f"{FIRST_NOUN_LEXFILE}-{FIRST_NOUN_LEXFILE + len(NOUN_LEXNAMES) - 1}")
-    labels = lex - FIRST_NOUN_LEXFILE
-    edges = wordnet_edges(synsets, relations)
-    x, kind = gloss_features(synset_texts(synsets), features,
+    st = path.stat()
+    keep = None if relations is None else frozenset(relations)
+    labels, edges, texts = _read_graph(str(path.resolve()), (st.st_mtime_ns, st.st_size), keep)
+    labels, edges = labels.copy(), edges.copy()
+    x, kind = gloss_features(texts, features,
                              cache_dir=default_cache_dir() if cache_dir is None else cache_dir, tfidf_dim=tfidf_dim)
     train, val, test = planetoid_split(labels, per_class=per_class, n_val=n_val, n_test=n_test, seed=split_seed)
     logger.info("loaded WordNet nouns from %s: %d synsets, %d edges, %s features (%d dims)",
-                path, len(synsets), edges.shape[1], kind, x.shape[1])
+                path, len(labels), edges.shape[1], kind, x.shape[1])
     return PlanetoidGraph(name="wordnet", features=x, labels=labels, edges=edges, train=train, val=val, test=test)
