@@ -77,9 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     for name in ("distributed", "distributed.nanny", "distributed.scheduler", "distributed.core"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    from distributed import Client, LocalCluster
-
     import torch
+    from distributed import Client, LocalCluster
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
