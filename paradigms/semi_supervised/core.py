@@ -37,7 +37,7 @@ class SemiSupervisedConfig:
     Attributes
     ----------
     dataset
-        ``"cora"`` or ``"citeseer"``.
+        ``"cora"``, ``"citeseer"``, ``"wordnet"`` or ``"wordnet-tfidf"`` (:func:`~carls_dask.paradigms.data.graphs.load_graph`).
     mode
         ``"base"``, ``"in-graph"`` or ``"bank"``.
     k

@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.paradigms.data.planetoid import PlanetoidGraph, load_planetoid
+from carls_dask.paradigms.data.graphs import load_graph
+from carls_dask.paradigms.data.planetoid import PlanetoidGraph
 from carls_dask.paradigms.semi_supervised.core import (
     NodeClassifierCore,
     SemiSupervisedConfig,
@@ -74,7 +75,7 @@ def _limit_threads(n: int) -> None:
 
 
 def _load(config: SemiSupervisedConfig, data_dir: str | os.PathLike[str] | None) -> PlanetoidGraph:
-    return load_planetoid(config.dataset, data_dir)
+    return load_graph(config.dataset, data_dir)
 
 
 class GraphTrainer(Trainer):

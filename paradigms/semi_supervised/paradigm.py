@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.paradigms.data.planetoid import find_data_dir, load_planetoid
+from carls_dask.paradigms.data.graphs import graph_data_dir, graph_unlabelled_batch, load_graph
 from carls_dask.paradigms.semi_supervised.core import SemiSupervisedConfig
 from carls_dask.paradigms.semi_supervised.loops import (
     GraphTrainer,
@@ -71,14 +71,15 @@ class SemiSupervised(Paradigm):
 
     def prepare(self, settings: SemiSupervisedConfig) -> SemiSupervisedConfig:
         """Resolve the data folder here (so the loops get it explicitly) and check the data set loads."""
-        folder = str(find_data_dir(settings.data_dir))
-        load_planetoid(settings.dataset, folder)
-        return dataclasses.replace(settings, data_dir=folder)
+        folder = graph_data_dir(settings.dataset, settings.data_dir)
+        load_graph(settings.dataset, folder)
+        batch = graph_unlabelled_batch(settings.dataset, settings.unlabelled_batch, every=ALL_NODES)
+        return dataclasses.replace(settings, data_dir=folder, unlabelled_batch=batch)
 
     def tables(self, settings: SemiSupervisedConfig) -> Sequence[Any]:
         if settings.mode != "bank":
             return []
-        graph = load_planetoid(settings.dataset, settings.data_dir)
+        graph = load_graph(settings.dataset, settings.data_dir)
         return bank_tables(graph.n_classes, settings.hidden[-1])
 
     def loops(self, settings: SemiSupervisedConfig) -> Sequence[Any]:
@@ -91,7 +92,7 @@ class SemiSupervised(Paradigm):
 
     def write_artifacts(self, settings: SemiSupervisedConfig, run_dir: pathlib.Path) -> None:
         """``truth.npz``: the held-out labels of the unlabelled nodes, for judging pseudo labels."""
-        graph = load_planetoid(settings.dataset, settings.data_dir)
+        graph = load_graph(settings.dataset, settings.data_dir)
         unlabelled = graph.unlabelled()
         np.savez(run_dir / "truth.npz", keys=unlabelled, labels=graph.labels[unlabelled])
 
