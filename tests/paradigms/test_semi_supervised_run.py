@@ -45,7 +45,7 @@ def test_the_bank_variant_is_not_below_the_base_mlp(data_dir: pathlib.Path) -> N
     for seed in (0, 1):
         acc = {}
         for variant in ("base", "bank"):
-            s = PARADIGM.settings(variant, steps=100, seed=seed, dataset="citeseer", data_dir=str(data_dir))
+            s = PARADIGM.settings(variant, steps=100, seed=seed, data_dir=str(data_dir))
             acc[variant] = run_inline(PARADIGM, s, variant=variant)["test_acc"]
         assert acc["bank"] >= acc["base"], (seed, acc)
 
