@@ -8,6 +8,11 @@ Runs every variant side by side on one LocalCluster (2 workers) and prints:
    pseudo labels from a second maker;
 2. trainer steps/s at K = 1, 5, 10 for in-graph vs bank, and each one's rate relative to its K=1 rate.
 
+Beside the table stand the published anchors on the same split (GCN and GAT use the graph at
+inference; Graph-MLP, like every variant here, runs an MLP at inference) and the targets of an MLP at
+inference (issue 20): bank + pseudo labels >= 83.0 on Cora and >= 73.5 on CiteSeer (mean over the
+seeds), and the bank variant never below the base MLP on any seed.
+
 Targets (issue 6): bank >= base + 2 points and within 1 point of in-graph; bank at K=10 >= 0.9x its
 K=1 rate while in-graph falls to <= 0.35x; pseudo labels add accuracy (the per-seed difference of
 bank + pseudo labels against bank, same seeds, is printed with its mean and spread). Steps/s are
@@ -24,6 +29,7 @@ Usage::
     python benchmarks/graph_regularization.py                 # default: a few minutes on 2 cores
     python benchmarks/graph_regularization.py --seeds 10 --steps 300 --dataset citeseer
     python benchmarks/graph_regularization.py --in-process --skip-speed --steps 100
+    python benchmarks/graph_regularization.py --in-process --skip-speed --seeds 10 --dataset citeseer
 """
 
 from __future__ import annotations
@@ -42,6 +48,16 @@ from carls_dask.runtime import run_inline, run_paradigm
 
 PARADIGM = SemiSupervised()
 
+#: published test accuracy (%) on the standard Planetoid split: (model, Cora, CiteSeer, what runs at inference)
+ANCHORS = (
+    ("GCN", 81.5, 70.3, "graph"),
+    ("GAT", 83.0, 72.5, "graph"),
+    ("Graph-MLP", 79.5, 73.1, "MLP"),
+)
+
+#: issue 20's targets of bank + pseudo labels (an MLP at inference), mean test accuracy in %
+TARGETS = {"cora": 83.0, "citeseer": 73.5}
+
 #: (printed name, the paradigm's variant)
 VARIANTS = (
     ("base MLP", "base"),
@@ -54,8 +70,10 @@ VARIANTS = (
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", default="cora", choices=["cora", "citeseer"])
-    p.add_argument("--seeds", type=int, default=5, help="seeds per variant for accuracy (>= 5 for the report)")
-    p.add_argument("--steps", type=int, default=200, help="trainer steps of each accuracy run")
+    p.add_argument("--seeds", type=int, default=10, help="seeds per variant for accuracy (10 for the report)")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="first seed (0 for the report; the settings were chosen with seeds 100 and up)")
+    p.add_argument("--steps", type=int, default=None, help="trainer steps of each accuracy run (default: the paradigm's)")
     p.add_argument("--k", type=int, default=5, help="neighbour slots per node for the accuracy runs")
     p.add_argument("--ks", default="1,5,10", help="K values of the throughput runs")
     p.add_argument("--speed-steps", type=int, default=60, help="trainer steps of each throughput run")
@@ -102,21 +120,56 @@ def _run(client: Any, args: argparse.Namespace, variant: str, in_process: bool =
     return run_paradigm(PARADIGM, settings, variant=variant, cluster=client, progress=False, timeout=1800)
 
 
+def _seeds(args: argparse.Namespace) -> list[int]:
+    first = int(getattr(args, "first_seed", 0))
+    return list(range(first, first + args.seeds))
+
+
+def anchor_table(dataset: str, acc: dict[str, list[float]], seeds: list[int]) -> list[str]:
+    """Lines of the anchor table: each variant's mean ± std beside the published anchors and the targets."""
+    col = 1 if dataset == "cora" else 2
+    anchors = ", ".join(f"{a[0]} {a[col]:.1f} ({a[3]} at inference)" for a in ANCHORS)
+    span = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ",".join(map(str, seeds))
+    lines = [f"  {'variant (MLP at inference)':34s} {'mean ± std %':>15s} {'seeds':>7s}  anchor / target"]
+    target = TARGETS.get(dataset)
+    base = acc.get(VARIANTS[0][0])
+    for name, _ in VARIANTS:
+        if name not in acc:
+            continue
+        v = acc[name]
+        note = ""
+        if name == VARIANTS[0][0]:
+            note = f"anchors: {anchors}"
+        elif name == VARIANTS[3][0] and target is not None:
+            mean = 100 * statistics.fmean(v)
+            note = f"target >= {target:.1f}: {'met' if mean >= target else 'NOT met'} ({mean - target:+.2f})"
+        elif name == VARIANTS[2][0] and base is not None and len(base) == len(v):
+            worst = min(b2 - b1 for b1, b2 in zip(base, v, strict=True))
+            note = (f"target >= base on every seed: {'met' if worst >= 0 else 'NOT met'}"
+                    f" (worst seed {100 * worst:+.1f} points)")
+        lines.append(f"  {name:34s} {_fmt(v):>15s} {span:>7s}  {note}")
+    return lines
+
+
 def accuracy(client: Any, args: argparse.Namespace) -> dict[str, list[float]]:
     """Test accuracy of every variant over the seeds (seeds interleaved, so load drifts hit all alike)."""
     chosen = [VARIANTS[int(i)] for i in args.variants.split(",")]
     acc: dict[str, list[float]] = {name: [] for name, _ in chosen}
-    extra: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in chosen}
-    for seed in range(args.seeds):
+    extra: dict[str, list[Any]] = {name: [] for name, _ in chosen}  # RunResults
+    steps = {} if args.steps is None else {"steps": args.steps}
+    for seed in _seeds(args):
         for name, variant in chosen:
-            r = _run(client, args, variant, in_process=args.in_process, seed=seed, k=args.k, steps=args.steps)
+            r = _run(client, args, variant, in_process=args.in_process, seed=seed, k=args.k, **steps)
             acc[name].append(float(r["test_acc"]))
             extra[name].append(r)
             print(f"  seed {seed} {name:34s} test {100 * r['test_acc']:.1f}  (best val {100 * r['best_val_acc']:.1f}"
                   f" at step {r['best_step']})", flush=True)
-    print(f"\nTest accuracy on {args.dataset} ({args.seeds} seeds, {args.steps} steps, K={args.k}), mean ± std in %:")
+    shown = "the paradigm's default" if args.steps is None else str(args.steps)
+    print(f"\nTest accuracy on {args.dataset} ({args.seeds} seeds, {shown} steps, K={args.k}), mean ± std in %:")
+    for line in anchor_table(args.dataset, acc, _seeds(args)):
+        print(line)
     for name, _ in chosen:
-        print(f"  {name:34s} {_fmt(acc[name])}")
+        print(f"  {name:34s} per seed: {' '.join(f'{100 * a:.1f}' for a in acc[name])}")
     how = "in-process, makers in lock step" if args.in_process else "on the cluster"
     print(f"  ({how}; best-validation weights reported; validation accuracy mean: "
           + ", ".join(f"{name} {100 * statistics.fmean(r['best_val_acc'] for r in extra[name]):.2f}"

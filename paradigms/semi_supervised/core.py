@@ -19,7 +19,12 @@ import torch
 import torch.nn.functional as F
 
 from carls_dask.paradigms.data.planetoid import PlanetoidGraph
-from carls_dask.paradigms.semi_supervised.loss import DISTANCES, graph_regularization, pseudo_label_loss
+from carls_dask.paradigms.semi_supervised.loss import (
+    DISTANCES,
+    graph_regularization,
+    pseudo_label_loss,
+    soft_target_loss,
+)
 from carls_dask.paradigms.semi_supervised.model import MLP
 from carls_dask.paradigms.semi_supervised.neighbours import NeighbourTable, build_neighbour_table
 from carls_dask.storage.errors import ConfigError, InvalidShapeError
@@ -27,7 +32,7 @@ from carls_dask.storage.errors import ConfigError, InvalidShapeError
 __all__ = ["MODES", "PSEUDO_SELECTIONS", "NodeClassifierCore", "SemiSupervisedConfig", "expand_neighbour_rows"]
 
 MODES = ("base", "in-graph", "bank")
-PSEUDO_SELECTIONS = ("threshold", "balanced")
+PSEUDO_SELECTIONS = ("threshold", "balanced", "soft")
 
 
 @dataclasses.dataclass
@@ -65,13 +70,24 @@ class SemiSupervisedConfig:
         ``"threshold"``: every unlabelled node whose model confidence passes ``threshold``;
         ``"balanced"``: per class, the candidates with the most confident neighbour vote that agrees
         with the model, up to ``pseudo_fraction`` of the candidates in all (see
-        :func:`~carls_dask.paradigms.semi_supervised.pseudo_labels.select_balanced_pseudo_labels`).
+        :func:`~carls_dask.paradigms.semi_supervised.pseudo_labels.select_balanced_pseudo_labels`);
+        ``"soft"``: every unlabelled node gets its neighbour vote as a soft target (distillation of a
+        personalised-PageRank teacher, see
+        :func:`~carls_dask.paradigms.semi_supervised.pseudo_labels.soft_pseudo_labels`).
     pseudo_fraction
         Share of the unlabelled nodes that may get a pseudo label (``balanced``).
     pseudo_alpha
         Neighbour weight of the label propagation that makes the votes (``balanced``; 0: the model alone).
     pseudo_agreement
         Require the model's and the neighbour vote's classes to agree (``balanced``).
+    pseudo_temperature
+        Sharpening temperature of the soft targets (``soft``; 1 leaves the votes as they are).
+    pseudo_confidence_weight
+        Weight each soft target's loss by its confidence (``soft``; else every target weighs 1).
+    propagation_steps
+        Rounds of the label propagation that makes the votes (``balanced`` and ``soft``).
+    graph_warmup
+        Trainer steps before which the graph term is off (the run starts as the base MLP).
     pseudo_warmup
         Model step before which no pseudo label is given.
     pseudo_ramp
@@ -110,6 +126,10 @@ class SemiSupervisedConfig:
     pseudo_fraction: float = 0.3
     pseudo_alpha: float = 0.9
     pseudo_agreement: bool = True
+    pseudo_temperature: float = 1.0
+    pseudo_confidence_weight: bool = False
+    propagation_steps: int = 10
+    graph_warmup: int = 0
     pseudo_warmup: int = 0
     pseudo_ramp: int = 0
     eval_every: int = 10
@@ -142,6 +162,10 @@ class SemiSupervisedConfig:
             (0.0 <= self.pseudo_alpha < 1.0, f"pseudo_alpha {self.pseudo_alpha!r}, expected a value in [0, 1)"),
             (int(self.pseudo_warmup) >= 0, f"pseudo_warmup {self.pseudo_warmup!r}, expected an integer >= 0"),
             (int(self.pseudo_ramp) >= 0, f"pseudo_ramp {self.pseudo_ramp!r}, expected an integer >= 0"),
+            (self.pseudo_temperature > 0, f"pseudo_temperature {self.pseudo_temperature!r}, expected > 0"),
+            (int(self.propagation_steps) >= 0,
+             f"propagation_steps {self.propagation_steps!r}, expected an integer >= 0"),
+            (int(self.graph_warmup) >= 0, f"graph_warmup {self.graph_warmup!r}, expected an integer >= 0"),
         )
         for ok, msg in checks:
             if not ok:
@@ -244,13 +268,17 @@ class NodeClassifierCore:
         pseudo_labels: np.ndarray | None = None,
         pseudo_confidence: np.ndarray | None = None,
         neighbour_weights: np.ndarray | None = None,
+        pseudo_targets: np.ndarray | None = None,
     ) -> dict[str, float]:
         """Run one optimizer step on ``batch`` and return its loss terms.
 
         In ``bank`` mode, ``neighbour_logits[B, K, C]`` and ``neighbour_present[B, K]`` must be given;
         ``pseudo_labels[B]`` (``-1`` = none) and ``pseudo_confidence[B]`` add the pseudo-label term.
         ``neighbour_weights[B, K]`` are the batch's slot weights when the caller gathered them
-        already (:meth:`neighbour_keys`), else they are gathered here.
+        already (:meth:`neighbour_keys`), else they are gathered here. With ``pseudo_targets[B, C]``
+        (soft targets) the pseudo-label term is the cross-entropy against them, each row weighted by
+        its confidence (``pseudo_confidence_weight``) or by 1 where its confidence is above 0.
+        Before ``graph_warmup`` steps the graph term is left out.
         """
         cfg = self.config
         n_train = len(self.graph.train)
@@ -259,7 +287,7 @@ class NodeClassifierCore:
         ce = F.cross_entropy(logits[:n_train], self.y[batch[:n_train]])
         loss = ce
         out = {"ce": float(ce.detach())}
-        if cfg.mode != "base":
+        if cfg.mode != "base" and self.step_count >= cfg.graph_warmup:
             if cfg.mode == "in-graph":
                 keys, weights = self.table.gather(batch)
                 w = torch.from_numpy(weights)
@@ -284,7 +312,13 @@ class NodeClassifierCore:
         if pseudo_labels is not None and pseudo_confidence is not None:
             pl = torch.from_numpy(np.asarray(pseudo_labels, dtype=np.int64)).clone()
             pl[:n_train] = -1  # true labels win on labelled nodes
-            p = pseudo_label_loss(logits, pl, torch.from_numpy(np.asarray(pseudo_confidence, dtype=np.float32)))
+            conf = torch.from_numpy(np.asarray(pseudo_confidence, dtype=np.float32)).clone()
+            if pseudo_targets is not None:
+                conf[:n_train] = 0.0
+                w = conf if cfg.pseudo_confidence_weight else (conf > 0).float()
+                p = soft_target_loss(logits, torch.from_numpy(np.asarray(pseudo_targets, dtype=np.float32)), w)
+            else:
+                p = pseudo_label_loss(logits, pl, conf)
             loss = loss + cfg.pseudo_weight * p
             out["pseudo"] = float(p.detach())
             out["pseudo_used"] = float((pl >= 0).sum())

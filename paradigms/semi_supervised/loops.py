@@ -36,6 +36,7 @@ from carls_dask.paradigms.semi_supervised.pseudo_labels import (
     pseudo_label_quality,
     select_balanced_pseudo_labels,
     select_pseudo_labels,
+    soft_pseudo_labels,
 )
 from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
@@ -52,7 +53,11 @@ PSEUDO_TABLE = "pseudo_labels"
 
 
 def bank_tables(n_classes: int, embed_dim: int) -> list[Any]:
-    """The two tables of a run: ``nodes`` (embedding, logits) and ``pseudo_labels`` (label, confidence)."""
+    """The two tables of a run: ``nodes`` (embedding, logits) and ``pseudo_labels`` (label, confidence, target).
+
+    ``target`` is the class distribution a node is trained towards: one-hot for hard pseudo labels,
+    the sharpened neighbour vote for soft ones.
+    """
     from carls_dask.bank.schema import Column, TableSpec
 
     return [
@@ -63,6 +68,7 @@ def bank_tables(n_classes: int, embed_dim: int) -> list[Any]:
         TableSpec(PSEUDO_TABLE, columns=(
             Column("pseudo_label", "int64", (), ()),
             Column("confidence", "float32", (), (), initializer="zeros"),
+            Column("target", "float32", (n_classes,), ("class",), initializer="zeros"),
         ), optimizer=None),
     ]
 
@@ -145,15 +151,22 @@ class GraphTrainer(Trainer):
         if self.config.pseudo_labels:
             n_train = len(self.graph.train)
             rest = batch[n_train:]
+            soft = self.config.pseudo_selection == "soft"
             labels = np.full(len(batch), -1, dtype=np.int64)
             conf = np.zeros(len(batch), dtype=np.float32)
+            targets = np.zeros((len(batch), self.graph.n_classes), dtype=np.float32)
             if len(rest):
-                pl = self.bank.lookup(PSEUDO_TABLE, rest, columns=["pseudo_label", "confidence"])
+                columns = ["pseudo_label", "confidence"] + (["target"] if soft else [])
+                pl = self.bank.lookup(PSEUDO_TABLE, rest, columns=columns)
                 ok = np.asarray(pl.found, dtype=bool)
                 labels[n_train:] = np.where(ok, np.asarray(pl.values["pseudo_label"]), -1)
                 conf[n_train:] = np.where(ok, np.asarray(pl.values["confidence"]), 0.0)
+                if soft:
+                    targets[n_train:] = np.where(ok[:, None], np.asarray(pl.values["target"]), 0.0)
             out["pseudo_labels"] = labels
             out["pseudo_confidence"] = conf
+            if soft:
+                out["pseudo_targets"] = targets
         return out
 
     def step(self, step: int) -> Mapping[str, float]:
@@ -301,7 +314,10 @@ class PseudoLabelMaker(_ModelMaker):
         if cfg.pseudo_selection == "threshold":
             return select_pseudo_labels(probs, self.candidates, cfg.threshold)
         train = self.graph.train
-        votes = propagate_labels(probs, self.adjacency, train, self.graph.labels[train], cfg.pseudo_alpha)
+        votes = propagate_labels(probs, self.adjacency, train, self.graph.labels[train], cfg.pseudo_alpha,
+                                 cfg.propagation_steps)
+        if cfg.pseudo_selection == "soft":
+            return soft_pseudo_labels(votes, self.candidates, cfg.pseudo_temperature)
         return select_balanced_pseudo_labels(probs, votes, self.candidates, self.fraction_at(step),
                                              agreement=cfg.pseudo_agreement)
 
@@ -314,7 +330,8 @@ class PseudoLabelMaker(_ModelMaker):
         chosen = self.choose(probs, int(version.step))
         if len(chosen.keys):
             self.ctx.bank.update(PSEUDO_TABLE, chosen.keys, {"pseudo_label": chosen.labels,
-                                                             "confidence": chosen.confidence},
+                                                             "confidence": chosen.confidence,
+                                                             "target": chosen.target_rows(self.graph.n_classes)},
                                  model_step=int(version.step), maker=self.name)
         dropped = np.setdiff1d(self.current, chosen.keys)
         if len(dropped):

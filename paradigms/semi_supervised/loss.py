@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from carls_dask.storage.errors import ConfigError
 
-__all__ = ["DISTANCES", "graph_regularization", "pseudo_label_loss"]
+__all__ = ["DISTANCES", "graph_regularization", "pseudo_label_loss", "soft_target_loss"]
 
 DISTANCES = ("kl", "l2")
 
@@ -71,4 +71,32 @@ def pseudo_label_loss(logits: torch.Tensor, labels: torch.Tensor, confidence: to
         return logits.new_zeros(())
     ce = F.cross_entropy(logits[mask], labels[mask], reduction="none")
     w = confidence[mask]
+    return (w * ce).sum() / w.sum().clamp_min(1e-12)
+
+
+def soft_target_loss(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Weighted cross-entropy against soft targets (distillation); rows of weight 0 are ignored.
+
+    ``sum_i w_i * (-sum_c t_ic log softmax(logits)_ic) / sum_i w_i``: the KL divergence to the
+    targets up to their (constant) entropy.
+
+    Parameters
+    ----------
+    logits
+        ``[B, C]`` the model's logits.
+    targets
+        ``[B, C]`` class distributions (rows of a node without a target are ignored through ``weights``).
+    weights
+        ``[B]`` per-node weights, 0 for nodes without a target.
+    """
+    if logits.ndim != 2 or targets.shape != logits.shape or weights.shape != logits.shape[:1]:
+        raise ConfigError(
+            f"soft_target_loss: logits {tuple(logits.shape)}, targets {tuple(targets.shape)} and weights "
+            f"{tuple(weights.shape)} must be [B, C], [B, C] and [B]"
+        )
+    mask = weights > 0
+    if not bool(mask.any()):
+        return logits.new_zeros(())
+    ce = -(targets[mask] * F.log_softmax(logits[mask], dim=-1)).sum(-1)
+    w = weights[mask]
     return (w * ce).sum() / w.sum().clamp_min(1e-12)

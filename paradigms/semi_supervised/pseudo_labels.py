@@ -16,6 +16,8 @@ __all__ = [
     "pseudo_label_quality",
     "select_balanced_pseudo_labels",
     "select_pseudo_labels",
+    "sharpen",
+    "soft_pseudo_labels",
 ]
 
 
@@ -33,12 +35,24 @@ class PseudoLabels:
         ``float32[m]`` the predicted probability of that class.
     n_candidates
         How many nodes were considered (the denominator of coverage).
+    targets
+        ``float32[m, C]`` soft targets (class distributions) of the labelled nodes, or ``None`` for
+        hard labels (:func:`soft_pseudo_labels` gives them).
     """
 
     keys: np.ndarray
     labels: np.ndarray
     confidence: np.ndarray
     n_candidates: int
+    targets: np.ndarray | None = None
+
+    def target_rows(self, n_classes: int) -> np.ndarray:
+        """``float32[m, n_classes]``: the soft targets, or one-hot rows of the hard labels."""
+        if self.targets is not None:
+            return np.asarray(self.targets, dtype=np.float32)
+        out = np.zeros((len(self.keys), n_classes), dtype=np.float32)
+        out[np.arange(len(self.keys)), self.labels] = 1.0
+        return out
 
 
 def select_pseudo_labels(probs: np.ndarray, candidates: np.ndarray, threshold: float) -> PseudoLabels:
@@ -207,4 +221,58 @@ def select_balanced_pseudo_labels(probs: np.ndarray, votes: np.ndarray, candidat
         labels=label[pick].astype(np.int64),
         confidence=conf[pick].astype(np.float32),
         n_candidates=len(candidates),
+    )
+
+
+def sharpen(probs: np.ndarray, temperature: float) -> np.ndarray:
+    """Class distributions raised to ``1 / temperature`` and renormalised (below 1: sharper; 1: unchanged).
+
+    Parameters
+    ----------
+    probs
+        ``float[n, C]`` rows of class probabilities.
+    temperature
+        Sharpening temperature, > 0.
+    """
+    if not float(temperature) > 0.0:
+        raise ConfigError(f"sharpen: temperature must be > 0, got {temperature!r}")
+    p = np.asarray(probs, dtype=np.float64)
+    if p.ndim != 2:
+        raise InvalidShapeError(f"sharpen: probs must be [n, C], got shape {p.shape}")
+    if temperature != 1.0:
+        # in log space, so rows with tiny probabilities do not underflow to all zeros
+        logp = np.log(np.clip(p, 1e-30, None)) / float(temperature)
+        p = np.exp(logp - logp.max(1, keepdims=True))
+    total = p.sum(1, keepdims=True)
+    return (p / np.maximum(total, 1e-30)).astype(np.float32)
+
+
+def soft_pseudo_labels(votes: np.ndarray, candidates: np.ndarray, temperature: float = 1.0) -> PseudoLabels:
+    """Soft targets for every candidate: its (sharpened) neighbour vote, for distillation.
+
+    Every candidate gets its row of ``votes`` (e.g. :func:`propagate_labels` of the model's
+    predictions: a personalised-PageRank teacher) sharpened with ``temperature``; the label is the
+    target's top class and the confidence its probability.
+
+    Parameters
+    ----------
+    votes
+        ``float[n_nodes, C]`` class distributions of every node.
+    candidates
+        ``int64[m]`` nodes that get a target.
+    temperature
+        Sharpening temperature of :func:`sharpen`.
+    """
+    if votes.ndim != 2:
+        raise InvalidShapeError(f"pseudo labels: votes must be [n_nodes, n_classes], got shape {votes.shape}")
+    candidates = np.asarray(candidates, dtype=np.int64)
+    if candidates.size and (candidates.min() < 0 or candidates.max() >= votes.shape[0]):
+        raise InvalidShapeError(f"pseudo labels: candidate ids must lie in [0, {votes.shape[0]})")
+    targets = sharpen(votes[candidates], temperature)
+    return PseudoLabels(
+        keys=candidates,
+        labels=targets.argmax(1).astype(np.int64) if len(candidates) else np.zeros(0, dtype=np.int64),
+        confidence=targets.max(1).astype(np.float32) if len(candidates) else np.zeros(0, dtype=np.float32),
+        n_candidates=len(candidates),
+        targets=targets,
     )

@@ -15,7 +15,11 @@ from carls_dask.paradigms.semi_supervised.core import (
     expand_neighbour_rows,
 )
 from carls_dask.paradigms.semi_supervised.loops import PseudoLabelMaker
-from carls_dask.paradigms.semi_supervised.loss import graph_regularization, pseudo_label_loss
+from carls_dask.paradigms.semi_supervised.loss import (
+    graph_regularization,
+    pseudo_label_loss,
+    soft_target_loss,
+)
 from carls_dask.paradigms.semi_supervised.neighbours import build_neighbour_table
 from carls_dask.paradigms.semi_supervised.pseudo_labels import (
     normalized_adjacency,
@@ -23,6 +27,8 @@ from carls_dask.paradigms.semi_supervised.pseudo_labels import (
     pseudo_label_quality,
     select_balanced_pseudo_labels,
     select_pseudo_labels,
+    sharpen,
+    soft_pseudo_labels,
 )
 from carls_dask.storage.errors import ConfigError, CorruptStoreError, InvalidShapeError, StoreNotFoundError
 
@@ -243,6 +249,40 @@ def test_balanced_pseudo_labels_take_each_class_quota_where_model_and_votes_agre
         select_balanced_pseudo_labels(model, votes[:4], np.arange(8), fraction=0.5)
 
 
+def test_soft_pseudo_labels_give_every_candidate_its_sharpened_vote() -> None:
+    votes = np.array([[0.6, 0.4], [0.5, 0.5], [0.1, 0.9], [1.0, 0.0]], dtype=np.float32)
+    np.testing.assert_allclose(sharpen(votes, 1.0), votes, rtol=1e-6)
+    sharp = sharpen(votes, 0.5)  # squares, renormalised
+    np.testing.assert_allclose(sharp[0], [0.36 / 0.52, 0.16 / 0.52], rtol=1e-5)
+    np.testing.assert_allclose(sharp[1], [0.5, 0.5], rtol=1e-6)
+    np.testing.assert_allclose(sharp[3], [1.0, 0.0], atol=1e-12)
+    np.testing.assert_allclose(sharp.sum(1), 1.0, rtol=1e-6)
+    soft = soft_pseudo_labels(votes, np.array([0, 2, 3]), temperature=0.5)
+    assert soft.keys.tolist() == [0, 2, 3] and soft.labels.tolist() == [0, 1, 0] and soft.n_candidates == 3
+    assert soft.targets is not None and soft.targets.shape == (3, 2)
+    np.testing.assert_allclose(soft.confidence, soft.targets.max(1))
+    np.testing.assert_allclose(soft.target_rows(2), soft.targets)
+    hard = select_pseudo_labels(votes, np.arange(4), threshold=0.6)
+    np.testing.assert_array_equal(hard.target_rows(2), np.eye(2, dtype=np.float32)[hard.labels])
+    with pytest.raises(ConfigError, match="temperature must be > 0"):
+        sharpen(votes, 0.0)
+    with pytest.raises(InvalidShapeError, match="candidate ids"):
+        soft_pseudo_labels(votes, np.array([4]))
+
+
+def test_soft_target_loss_is_the_weighted_cross_entropy_against_the_targets() -> None:
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    targets = torch.tensor([[0.8, 0.2], [0.0, 1.0], [0.5, 0.5]])
+    weights = torch.tensor([1.0, 3.0, 0.0])
+    logp = torch.log_softmax(logits, -1)
+    per_row = -(targets * logp).sum(-1)
+    expected = (per_row[0] * 1.0 + per_row[1] * 3.0) / 4.0
+    assert float(soft_target_loss(logits, targets, weights)) == pytest.approx(float(expected), rel=1e-6)
+    assert float(soft_target_loss(logits, targets, torch.zeros(3))) == 0.0
+    with pytest.raises(ConfigError, match="soft_target_loss"):
+        soft_target_loss(logits, targets[:2], weights)
+
+
 def test_pseudo_label_share_waits_for_the_warm_up_then_ramps() -> None:
     cfg = SemiSupervisedConfig(pseudo_labels=True, pseudo_selection="balanced", pseudo_fraction=0.4,
                                pseudo_warmup=20, pseudo_ramp=40)
@@ -262,7 +302,7 @@ def test_config_rejects_bad_values() -> None:
         SemiSupervisedConfig(mode="in-graph", pseudo_labels=True)
     with pytest.raises(ConfigError, match=r"neighbour_temperature 0\.0, expected > 0"):
         SemiSupervisedConfig(neighbour_temperature=0.0)
-    with pytest.raises(ConfigError, match=r"pseudo_selection 'top', expected one of \('threshold', 'balanced'\)"):
+    with pytest.raises(ConfigError, match=r"pseudo_selection 'top', expected one of \('threshold', 'balanced', 'soft'\)"):
         SemiSupervisedConfig(pseudo_selection="top")
     with pytest.raises(ConfigError, match=r"pseudo_fraction 1\.2"):
         SemiSupervisedConfig(pseudo_fraction=1.2)
@@ -270,6 +310,12 @@ def test_config_rejects_bad_values() -> None:
         SemiSupervisedConfig(pseudo_alpha=1.0)
     with pytest.raises(ConfigError, match=r"pseudo_warmup -1"):
         SemiSupervisedConfig(pseudo_warmup=-1)
+    with pytest.raises(ConfigError, match=r"pseudo_temperature 0\.0, expected > 0"):
+        SemiSupervisedConfig(pseudo_temperature=0.0)
+    with pytest.raises(ConfigError, match=r"graph_warmup -5, expected an integer >= 0"):
+        SemiSupervisedConfig(graph_warmup=-5)
+    with pytest.raises(ConfigError, match=r"propagation_steps -1"):
+        SemiSupervisedConfig(propagation_steps=-1)
 
 
 def test_core_variants_train_and_bank_mode_uses_the_given_neighbours(cora) -> None:  # type: ignore[no-untyped-def]
@@ -318,3 +364,30 @@ def test_neighbour_temperature_sharpens_the_bank_targets(cora) -> None:  # type:
         terms[temp] = core.train_step(b, neighbour_logits=nb, neighbour_present=present)["graph"]
         assert terms[temp] == pytest.approx(float(expected), rel=1e-5)
     assert terms[0.5] != pytest.approx(terms[1.0], rel=1e-3)
+
+
+def test_graph_warmup_leaves_the_graph_term_out_then_adds_it(cora) -> None:  # type: ignore[no-untyped-def]
+    torch.set_num_threads(1)
+    core = NodeClassifierCore(cora, SemiSupervisedConfig(mode="in-graph", k=2, unlabelled_batch=16, graph_warmup=2))
+    outs = [core.train_step(core.sample_batch()) for _ in range(3)]
+    assert ["graph" in o for o in outs] == [False, False, True]
+
+
+def test_soft_targets_drive_the_pseudo_term(cora) -> None:  # type: ignore[no-untyped-def]
+    torch.set_num_threads(1)
+    cfg = SemiSupervisedConfig(mode="bank", k=2, unlabelled_batch=8, pseudo_labels=True, pseudo_selection="soft",
+                               dropout=0.0, lr=1e-9)
+    core = NodeClassifierCore(cora, cfg)
+    b = core.sample_batch()
+    slots, _, uniq = core.neighbour_keys(b)
+    nb, present = expand_neighbour_rows(slots, uniq, np.zeros((len(uniq), 7), np.float32), np.ones(len(uniq), bool))
+    targets = np.full((len(b), 7), 1 / 7, dtype=np.float32)
+    targets[:, 3] += 0.5
+    targets /= targets.sum(1, keepdims=True)
+    conf = np.ones(len(b), dtype=np.float32)
+    with torch.no_grad():
+        logits = core.model(core.x[b])
+    expected = soft_target_loss(logits[140:], torch.from_numpy(targets[140:]), torch.ones(len(b) - 140))
+    out = core.train_step(b, neighbour_logits=nb, neighbour_present=present, pseudo_labels=targets.argmax(1),
+                          pseudo_confidence=conf, pseudo_targets=targets)
+    assert out["pseudo"] == pytest.approx(float(expected), rel=1e-5)  # labelled-train rows left out

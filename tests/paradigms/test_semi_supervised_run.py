@@ -31,18 +31,29 @@ def data_dir() -> pathlib.Path:
         pytest.skip(f"the Planetoid files are not present: {exc}")
 
 
-def test_bank_and_pseudo_labels_beat_the_base_mlp_by_ten_points(data_dir: pathlib.Path) -> None:
+def test_bank_and_soft_pseudo_labels_beat_the_base_mlp_by_fifteen_points(data_dir: pathlib.Path) -> None:
     """The learning effect on Cora, on the deterministic in-process driver: a regression fails here."""
     acc = {}
     for variant in ("base", "bank+pseudo"):
         result = run_inline(PARADIGM, PARADIGM.settings(variant, steps=100, data_dir=str(data_dir)), variant=variant)
         acc[variant] = result["test_acc"]
-    assert acc["bank+pseudo"] >= acc["base"] + 0.10, acc
+    assert acc["bank+pseudo"] >= acc["base"] + 0.15, acc
+
+
+def test_the_bank_variant_is_not_below_the_base_mlp(data_dir: pathlib.Path) -> None:
+    """The graph term from bank neighbours alone never costs accuracy against the base MLP (two seeds)."""
+    for seed in (0, 1):
+        acc = {}
+        for variant in ("base", "bank"):
+            s = PARADIGM.settings(variant, steps=100, seed=seed, data_dir=str(data_dir))
+            acc[variant] = run_inline(PARADIGM, s, variant=variant)["test_acc"]
+        assert acc["bank"] >= acc["base"], (seed, acc)
 
 
 def test_inline_runs_repeat_exactly_and_label_only_after_the_warm_up(data_dir: pathlib.Path) -> None:
-    s = PARADIGM.settings("bank+pseudo", pseudo_fraction=0.2, pseudo_warmup=10, k=3, steps=20, hidden=(16,),
-                          unlabelled_batch=64, eval_every=5, publish_every=5, data_dir=str(data_dir))
+    s = PARADIGM.settings("bank+pseudo", pseudo_selection="balanced", pseudo_fraction=0.2, pseudo_warmup=10, k=3,
+                          steps=20, hidden=(16,), unlabelled_batch=64, eval_every=5, publish_every=5,
+                          data_dir=str(data_dir))
     first = run_inline(PARADIGM, s)
     again = run_inline(PARADIGM, s)
     timing = ("lookup_ms", "mean_neighbour_age_s", "train_steps_per_s")
@@ -113,7 +124,7 @@ def test_settings_variants_and_options() -> None:
     assert PARADIGM.settings("base").pseudo_labels is False and PARADIGM.settings("base").mode == "base"
     bank = PARADIGM.settings()
     assert (bank.unlabelled_batch, bank.neighbour_temperature, bank.threshold, bank.pseudo_selection) == (
-        ALL_NODES, 0.5, 0.99, "balanced")
+        ALL_NODES, 0.5, 0.99, "soft")
     assert PARADIGM.settings("in-graph").unlabelled_batch == 512
     with pytest.raises(ConfigError, match=r"'colour'='red': unknown; expected one of"):
         PARADIGM.settings(None, {"colour": "red"})
