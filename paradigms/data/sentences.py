@@ -27,7 +27,7 @@ import numpy as np
 from carls_dask.storage.errors import ConfigError
 
 __all__ = ["SENTENCE_DIM", "SENTENCE_MODEL", "default_cache_dir", "encode_sentences", "load_sentence_encoder",
-           "sentence_model_path"]
+           "sentence_model_path", "texts_digest"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,13 +83,18 @@ def default_cache_dir() -> pathlib.Path:
     return pathlib.Path(os.environ.get("CARLS_CACHE_DIR") or pathlib.Path.home() / ".cache" / "carls-dask")
 
 
-def _digest(texts: Sequence[str], max_length: int) -> str:
+def texts_digest(texts: Sequence[str], tag: str) -> str:
+    """A 20-hex-digit hash of ``tag`` and ``texts`` (in order): the name of a cache file of their features."""
     h = hashlib.blake2b(digest_size=10)
-    h.update(f"{SENTENCE_MODEL}|{max_length}|{len(texts)}".encode())
+    h.update(f"{tag}|{len(texts)}".encode())
     for t in texts:
         h.update(t.encode("utf-8"))
         h.update(b"\x00")
     return h.hexdigest()
+
+
+def _digest(texts: Sequence[str], max_length: int) -> str:
+    return texts_digest(texts, f"{SENTENCE_MODEL}|{max_length}")
 
 
 def encode_sentences(texts: Sequence[str], *, batch_size: int = 128, max_length: int = 128,

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import logging
 import os
 import pathlib
@@ -54,6 +53,7 @@ from collections.abc import Collection, Iterable, Sequence
 import numpy as np
 
 from carls_dask.paradigms.data.planetoid import PlanetoidGraph
+from carls_dask.paradigms.data.sentences import default_cache_dir, encode_sentences, texts_digest
 from carls_dask.storage.errors import ConfigError, CorruptStoreError, StoreNotFoundError
 
 __all__ = [
@@ -290,15 +290,6 @@ def _tfidf(texts: Sequence[str], dim: int, seed: int) -> np.ndarray:
     return np.asarray(normalize(reduced), dtype=np.float32)
 
 
-def _text_digest(texts: Sequence[str], tag: str) -> str:
-    h = hashlib.blake2b(digest_size=10)
-    h.update(f"{tag}|{len(texts)}".encode())
-    for t in texts:
-        h.update(t.encode("utf-8"))
-        h.update(b"\x00")
-    return h.hexdigest()
-
-
 def _missing_encoder_packages() -> list[str]:
     """The sentence encoder's packages that are not importable (checked without loading the model)."""
     import importlib.util
@@ -349,14 +340,13 @@ def gloss_features(texts: Sequence[str], features: str = "auto", *,
         if missing:
             raise ConfigError(f"WordNet features 'minilm' need the package(s) {', '.join(repr(m) for m in missing)}, "
                               f"not installed; {_INSTALL_TEXT} (or use features='tfidf')")
-        from carls_dask.paradigms.data.sentences import encode_sentences
 
         return encode_sentences(texts, cache_dir=cache_dir), kind
     if tfidf_dim < 2:
         raise ConfigError(f"WordNet tfidf_dim {tfidf_dim!r}: expected an integer >= 2")
     path = None
     if cache_dir is not None:
-        path = pathlib.Path(cache_dir) / f"tfidf{tfidf_dim}-{_text_digest(texts, f'tfidf{tfidf_dim}')}.npz"
+        path = pathlib.Path(cache_dir) / f"tfidf{tfidf_dim}-{texts_digest(texts, f'tfidf{tfidf_dim}')}.npz"
         if path.exists():
             cached = np.load(path)["features"]
             if cached.shape == (len(texts), tfidf_dim):
@@ -457,7 +447,6 @@ def load_wordnet(data_dir: str | os.PathLike[str] | None = None, *, features: st
     StoreNotFoundError, CorruptStoreError, ConfigError
         See :func:`read_data_file`, :func:`find_wordnet_dir` and :func:`gloss_features`.
     """
-    from carls_dask.paradigms.data.sentences import default_cache_dir
 
     path = find_wordnet_dir(wordnet_dir, data_dir) / "data.noun"
     st = path.stat()

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from carls_dask.paradigms.data.graphs import graph_pseudo_preset
 from carls_dask.paradigms.data.planetoid import PlanetoidGraph
 from carls_dask.paradigms.semi_supervised.loss import (
     DISTANCES,
@@ -32,7 +33,7 @@ from carls_dask.storage.errors import ConfigError, InvalidShapeError
 __all__ = ["MODES", "PSEUDO_SELECTIONS", "NodeClassifierCore", "SemiSupervisedConfig", "expand_neighbour_rows"]
 
 MODES = ("base", "in-graph", "bank")
-PSEUDO_SELECTIONS = ("threshold", "balanced", "soft")
+PSEUDO_SELECTIONS = ("threshold", "balanced", "soft", "auto")
 
 
 @dataclasses.dataclass
@@ -63,7 +64,8 @@ class SemiSupervisedConfig:
     pseudo_labels
         Add the pseudo-label term (bank mode only: pseudo labels come from a maker).
     pseudo_weight
-        Multiplier of the pseudo-label term.
+        Multiplier of the pseudo-label term; ``None``: the data set's preset under ``pseudo_selection="auto"``,
+        else 10 for ``soft`` and 0.5 for the hard labels.
     threshold
         Confidence a prediction needs to become a pseudo label (``pseudo_selection="threshold"``).
     pseudo_selection
@@ -73,7 +75,11 @@ class SemiSupervisedConfig:
         :func:`~carls_dask.paradigms.semi_supervised.pseudo_labels.select_balanced_pseudo_labels`);
         ``"soft"``: every unlabelled node gets its neighbour vote as a soft target (distillation of a
         personalised-PageRank teacher, see
-        :func:`~carls_dask.paradigms.semi_supervised.pseudo_labels.soft_pseudo_labels`).
+        :func:`~carls_dask.paradigms.semi_supervised.pseudo_labels.soft_pseudo_labels`);
+        ``"auto"``: the preset of the data set, chosen on its validation split
+        (:func:`~carls_dask.paradigms.data.graphs.graph_pseudo_preset`: ``soft`` with weight 10 on Cora and
+        CiteSeer; ``balanced`` with weight 0.5, fraction 0.4, ramp 50 and no agreement test on WordNet). The
+        preset sets those fields; choose a selection explicitly to set them yourself.
     pseudo_fraction
         Share of the unlabelled nodes that may get a pseudo label (``balanced``).
     pseudo_alpha
@@ -120,7 +126,7 @@ class SemiSupervisedConfig:
     distance: str = "kl"
     neighbour_temperature: float = 1.0
     pseudo_labels: bool = False
-    pseudo_weight: float = 0.5
+    pseudo_weight: float | None = None
     threshold: float = 0.6
     pseudo_selection: str = "threshold"
     pseudo_fraction: float = 0.3
@@ -141,6 +147,14 @@ class SemiSupervisedConfig:
 
     def __post_init__(self) -> None:
         self.hidden = tuple(int(h) for h in self.hidden)
+        if self.pseudo_selection == "auto":
+            preset = graph_pseudo_preset(self.dataset)
+            if self.pseudo_weight is not None:
+                preset.pop("pseudo_weight")
+            for name, value in preset.items():
+                setattr(self, name, value)
+        if self.pseudo_weight is None:
+            self.pseudo_weight = 10.0 if self.pseudo_selection == "soft" else 0.5
         checks: Sequence[tuple[bool, str]] = (
             (self.mode in MODES, f"mode {self.mode!r}, expected one of {MODES}"),
             (self.distance in DISTANCES, f"distance {self.distance!r}, expected one of {DISTANCES}"),
@@ -154,6 +168,7 @@ class SemiSupervisedConfig:
             (self.lr > 0, f"lr {self.lr!r}, expected > 0"),
             (self.neighbour_temperature > 0,
              f"neighbour_temperature {self.neighbour_temperature!r}, expected > 0"),
+            (self.pseudo_weight >= 0, f"pseudo_weight {self.pseudo_weight!r}, expected >= 0"),
             (0.0 < self.threshold <= 1.0, f"threshold {self.threshold!r}, expected a value in (0, 1]"),
             (not (self.pseudo_labels and self.mode != "bank"), "pseudo_labels need mode 'bank'"),
             (self.pseudo_selection in PSEUDO_SELECTIONS,
@@ -319,7 +334,7 @@ class NodeClassifierCore:
                 p = soft_target_loss(logits, torch.from_numpy(np.asarray(pseudo_targets, dtype=np.float32)), w)
             else:
                 p = pseudo_label_loss(logits, pl, conf)
-            loss = loss + cfg.pseudo_weight * p
+            loss = loss + float(cfg.pseudo_weight or 0.0) * p
             out["pseudo"] = float(p.detach())
             out["pseudo_used"] = float((pl >= 0).sum())
         self.optimizer.zero_grad(set_to_none=True)

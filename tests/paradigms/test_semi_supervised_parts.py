@@ -302,7 +302,7 @@ def test_config_rejects_bad_values() -> None:
         SemiSupervisedConfig(mode="in-graph", pseudo_labels=True)
     with pytest.raises(ConfigError, match=r"neighbour_temperature 0\.0, expected > 0"):
         SemiSupervisedConfig(neighbour_temperature=0.0)
-    with pytest.raises(ConfigError, match=r"pseudo_selection 'top', expected one of \('threshold', 'balanced', 'soft'\)"):
+    with pytest.raises(ConfigError, match=r"pseudo_selection 'top', expected one of \('threshold', 'balanced', 'soft', 'auto'\)"):
         SemiSupervisedConfig(pseudo_selection="top")
     with pytest.raises(ConfigError, match=r"pseudo_fraction 1\.2"):
         SemiSupervisedConfig(pseudo_fraction=1.2)

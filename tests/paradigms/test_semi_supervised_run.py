@@ -123,8 +123,14 @@ def test_settings_variants_and_options() -> None:
                                                                                   0.8, 50)
     assert PARADIGM.settings("base").pseudo_labels is False and PARADIGM.settings("base").mode == "base"
     bank = PARADIGM.settings()
-    assert (bank.unlabelled_batch, bank.neighbour_temperature, bank.threshold, bank.pseudo_selection) == (
-        ALL_NODES, 0.5, 0.99, "soft")
+    assert (bank.unlabelled_batch, bank.neighbour_temperature, bank.threshold, bank.pseudo_selection,
+            bank.pseudo_weight) == (ALL_NODES, 0.5, 0.99, "soft", 10.0)
+    # "auto" is the data set's preset: balanced hard labels on WordNet; an explicit weight is kept
+    wn = PARADIGM.settings(None, {"dataset": "wordnet-tfidf"})
+    assert (wn.pseudo_selection, wn.pseudo_weight, wn.pseudo_fraction, wn.pseudo_ramp, wn.pseudo_agreement) == (
+        "balanced", 0.5, 0.4, 50, False)
+    assert PARADIGM.settings(None, {"dataset": "wordnet", "pseudo_weight": "2"}).pseudo_weight == 2.0
+    assert PARADIGM.settings(None, {"dataset": "cora", "pseudo_selection": "balanced"}).pseudo_weight == 0.5
     assert PARADIGM.settings("in-graph").unlabelled_batch == 512
     with pytest.raises(ConfigError, match=r"'colour'='red': unknown; expected one of"):
         PARADIGM.settings(None, {"colour": "red"})
