@@ -141,7 +141,13 @@ def test_compiled_initializer_gives_the_numpy_values(kind: str, dtype: str) -> N
         want = ((2.0 * uniform_from_keys(keys, seed, 6) - 1.0) * 0.3).reshape(5000, 2, 3).astype(dtype)
     got = initial_block(kind, keys, seed, (2, 3), 0.3, dtype)
     assert got.dtype == np.dtype(dtype)
-    np.testing.assert_array_equal(got, want)
+    if kind == "normal" and dtype == "float64":
+        # the compiled loop calls the C library's log1p; NumPy's own vectorised log1p (used on CPUs with
+        # AVX-512) differs from it by one unit in the last place for a few per cent of the inputs
+        np.testing.assert_array_max_ulp(got, want, maxulp=1)
+        assert np.mean(got != want) < 0.1
+    else:
+        np.testing.assert_array_equal(got, want)
 
 
 @settings(max_examples=40, deadline=None)
