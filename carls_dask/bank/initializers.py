@@ -3,7 +3,7 @@
 The values are those of :func:`carls_dask.bank.hashing.normal_from_keys` and
 :func:`~carls_dask.bank.hashing.uniform_from_keys` (the same bits, the same float64 arithmetic, then
 cast to the column's dtype; on CPUs with AVX-512 NumPy's vectorised ``log1p`` can differ from the C
-library's, which the compiled loop calls, by one unit in the last place of a float64 normal value), computed in one pass per key without the ``[n, width]`` float64
+library's, which the compiled loop calls, by one unit in the last place: up to 3 in a float64 normal value), computed in one pass per key without the ``[n, width]`` float64
 temporaries of the NumPy form (about 3x faster for a batch of float32[64] rows). Without numba the
 NumPy form is used.
 """

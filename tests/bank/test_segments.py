@@ -143,8 +143,8 @@ def test_compiled_initializer_gives_the_numpy_values(kind: str, dtype: str) -> N
     assert got.dtype == np.dtype(dtype)
     if kind == "normal" and dtype == "float64":
         # the compiled loop calls the C library's log1p; NumPy's own vectorised log1p (used on CPUs with
-        # AVX-512) differs from it by one unit in the last place for a few per cent of the inputs
-        np.testing.assert_array_max_ulp(got, want, maxulp=1)
+        # AVX-512) differs from it by one unit in the last place for a few per cent of the inputs (up to 3 in the result)
+        np.testing.assert_array_max_ulp(got, want, maxulp=4)
         assert np.mean(got != want) < 0.1
     else:
         np.testing.assert_array_equal(got, want)
