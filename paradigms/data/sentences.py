@@ -19,15 +19,23 @@ import logging
 import os
 import pathlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from carls_dask.storage.errors import ConfigError
 
-__all__ = ["SENTENCE_DIM", "SENTENCE_MODEL", "default_cache_dir", "encode_sentences", "load_sentence_encoder",
-           "sentence_model_path", "texts_digest"]
+__all__ = [
+    "SENTENCE_DIM",
+    "SENTENCE_MODEL",
+    "cached_array",
+    "default_cache_dir",
+    "encode_sentences",
+    "load_sentence_encoder",
+    "sentence_model_path",
+    "texts_digest",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -128,22 +136,38 @@ def encode_sentences(texts: Sequence[str], *, batch_size: int = 128, max_length:
     if batch_size < 1 or max_length < 2:
         raise ConfigError(f"encode_sentences: batch_size={batch_size}, max_length={max_length}; "
                           "expected batch_size >= 1 and max_length >= 2")
-    path = None
-    if cache_dir is not None:
-        path = pathlib.Path(cache_dir) / f"{SENTENCE_MODEL}-{_digest(texts, max_length)}.npz"
-        if path.exists():
-            cached = np.load(path)["embeddings"]
-            if cached.shape == (len(texts), SENTENCE_DIM):
-                return cached
-            logger.warning("ignoring %s: shape %s, expected %s", path, cached.shape, (len(texts), SENTENCE_DIM))
-    out = np.zeros((len(texts), SENTENCE_DIM), dtype=np.float32)
-    if texts:
-        out = _encode(texts, batch_size, max_length, progress_every)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.stem + f".{os.getpid()}.tmp.npz")
-        np.savez(tmp, embeddings=out)
-        os.replace(tmp, path)
+
+    def compute() -> np.ndarray:
+        if not texts:
+            return np.zeros((0, SENTENCE_DIM), dtype=np.float32)
+        return _encode(texts, batch_size, max_length, progress_every)
+
+    return cached_array(cache_dir, f"{SENTENCE_MODEL}-{_digest(texts, max_length)}.npz", "embeddings",
+                        (len(texts), SENTENCE_DIM), compute)
+
+
+def cached_array(cache_dir: str | os.PathLike[str] | None, name: str, field: str, shape: tuple[int, ...],
+                 compute: Callable[[], np.ndarray]) -> np.ndarray:
+    """``compute()``, kept as the array ``field`` of the ``.npz`` file ``cache_dir/name``.
+
+    A cached array of ``shape`` is returned as it is; one of another shape is logged and recomputed. A new file
+    is written whole under a temporary name and renamed, so a reader never sees half of one. ``cache_dir``
+    ``None`` computes every time.
+    """
+    if cache_dir is None:
+        return compute()
+    path = pathlib.Path(cache_dir) / name
+    if path.exists():
+        cached = np.load(path)[field]
+        if cached.shape == shape:
+            return cached
+        logger.warning("ignoring %s: shape %s, expected %s", path, cached.shape, shape)
+    out = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + f".{os.getpid()}.tmp.npz")
+    arrays: dict[str, Any] = {field: out}
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
     return out
 
 

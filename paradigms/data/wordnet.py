@@ -53,7 +53,12 @@ from collections.abc import Collection, Iterable, Sequence
 import numpy as np
 
 from carls_dask.paradigms.data.planetoid import PlanetoidGraph
-from carls_dask.paradigms.data.sentences import default_cache_dir, encode_sentences, texts_digest
+from carls_dask.paradigms.data.sentences import (
+    cached_array,
+    default_cache_dir,
+    encode_sentences,
+    texts_digest,
+)
 from carls_dask.storage.errors import ConfigError, CorruptStoreError, StoreNotFoundError
 
 __all__ = [
@@ -344,22 +349,15 @@ def gloss_features(texts: Sequence[str], features: str = "auto", *,
         return encode_sentences(texts, cache_dir=cache_dir), kind
     if tfidf_dim < 2:
         raise ConfigError(f"WordNet tfidf_dim {tfidf_dim!r}: expected an integer >= 2")
-    path = None
-    if cache_dir is not None:
-        path = pathlib.Path(cache_dir) / f"tfidf{tfidf_dim}-{texts_digest(texts, f'tfidf{tfidf_dim}')}.npz"
-        if path.exists():
-            cached = np.load(path)["features"]
-            if cached.shape == (len(texts), tfidf_dim):
-                return cached, kind
-    t0 = time.monotonic()
-    out = _tfidf(texts, tfidf_dim, seed=0)
-    logger.info("TF-IDF features of %d texts (%d dims) in %.1f s", len(texts), tfidf_dim, time.monotonic() - t0)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.stem + f".{os.getpid()}.tmp.npz")
-        np.savez(tmp, features=out)
-        os.replace(tmp, path)
-    return out, kind
+
+    def compute() -> np.ndarray:
+        t0 = time.monotonic()
+        out = _tfidf(texts, tfidf_dim, seed=0)
+        logger.info("TF-IDF features of %d texts (%d dims) in %.1f s", len(texts), tfidf_dim, time.monotonic() - t0)
+        return out
+
+    name = f"tfidf{tfidf_dim}-{texts_digest(texts, f'tfidf{tfidf_dim}')}.npz"
+    return cached_array(cache_dir, name, "features", (len(texts), tfidf_dim), compute), kind
 
 
 def planetoid_split(labels: np.ndarray, *, per_class: int = 20, n_val: int = 500, n_test: int = 1000,
