@@ -138,9 +138,12 @@ class ProgressSink:
         self._last_step = -1
         self._lock = threading.Lock()
         self.rows_written = 0
+        self._total = total
+        self._closing = False
 
     def set_total(self, total: int | None) -> None:
         """Change the expected total of trainer steps."""
+        self._total = total
         if self._bar is not None:
             self._bar.total = total
             self._bar.refresh()
@@ -150,12 +153,16 @@ class ProgressSink:
 
         Called after every report, so the store gets a row for each trainer report (every
         ``carls.run.metrics-every`` steps and after every evaluation), not a time-sampled subset. A
-        trainer continued from an earlier step writes again once it passes the newest row.
+        trainer continued from an earlier step writes again once it passes the newest row. The row of the
+        last expected step waits for :meth:`close`, so the reports that arrive after the trainers' last one
+        (a maker's final round, a second trainer's last evaluation) are in it.
         """
         if self._writer is None or not self.book.events:
             return
         with self._lock:  # the Workbench records from its monitor thread and from the caller's
             step = self.book.trainer_step()
+            if not self._closing and self._total is not None and step >= self._total:
+                return
             last = self._writer.last_step
             if step > self._last_step and (last is None or step > last):
                 row = {k: v for k, v in self.book.row().items() if not math.isnan(v)}
@@ -172,7 +179,8 @@ class ProgressSink:
         self.record()
 
     def close(self) -> None:
-        """Write what is left and close the bar and the metric writer."""
+        """Write what is left (the last step's row included) and close the bar and the metric writer."""
+        self._closing = True
         try:
             self.flush()
         finally:
