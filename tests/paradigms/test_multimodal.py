@@ -406,7 +406,7 @@ def test_minilm_features_feed_the_bank_and_the_text_head(cache_dir: pathlib.Path
 
     from carls_dask.paradigms.data.sentences import SENTENCE_DIM, encode_sentences
     from carls_dask.paradigms.multimodal.loops import load_corpus
-    from carls_dask.paradigms.multimodal.paradigm import RECALLS, Multimodal
+    from carls_dask.paradigms.multimodal.paradigm import Multimodal
     from carls_dask.runtime import run_inline
     from carls_dask.storage import open_bank
 
@@ -422,7 +422,10 @@ def test_minilm_features_feed_the_bank_and_the_text_head(cache_dir: pathlib.Path
     keys = texts["key"].values
     np.testing.assert_allclose(texts["pretrained"].values, c.text_features[keys], rtol=1e-6)
     assert set(texts["maker"].values.tolist()) == {"corpus-maker"}, "the maker's embeddings were written after"
-    assert run["bank_steps"] > 0 and all(0 <= run[m] <= 1 for m in RECALLS)
+    # bank negatives were used; recall at 5 counts every hit recall at 1 does (the learning effect of the MiniLM
+    # features is asserted against hashed ids in test_minilm_text_head_retrieves_held_out_concepts_better_than_hashed_ids)
+    assert run["bank_steps"] > 0
+    assert all(run[f"{d}_r@5"] >= run[f"{d}_r@1"] for d in ("i2t", "t2i"))
     hashed = p.prepare(dataclasses.replace(settings, text_encoder="hashed"))
     assert load_corpus(hashed.corpus()).text_features is None
     assert [col.name for col in p.tables(hashed)[0].columns] == ["embedding"]
