@@ -28,7 +28,7 @@ from carls_dask.dashboards.views import (
     LearningView,
     PseudoLabelView,
 )
-from carls_dask.dashboards.views.base import RunView
+from carls_dask.dashboards.views.base import RunView, on_page, served
 from carls_dask.storage.errors import ConfigError
 
 __all__ = ["RUN_TABS", "Dashboard", "RunsArg", "run_path_from", "run_paths_from"]
@@ -303,24 +303,14 @@ class Dashboard(pn.viewable.Viewer):
         )
 
     def _on_page(self, doc: Document | None, job: Callable[[], object]) -> None:
-        """Run ``job`` where ``doc`` may change: on its event loop with its lock held, or at once without a page.
+        """Run ``job`` where ``doc`` may change (see :func:`~carls_dask.dashboards.views.base.on_page`).
 
         Without a served page (a notebook), the Bokeh changes ``job`` made are then pushed to the
         notebook's views of the dashboard (Panel sends its own widgets' changes itself, not those made
         to Bokeh models directly).
         """
-        if doc is not None and doc.session_context is not None:
-
-            def run() -> None:
-                t0 = time.perf_counter()
-                job()
-                took = time.perf_counter() - t0
-                if took > 0.1:  # the page waited for it: worth knowing when a page feels slow
-                    logger.debug("page update %s held the event loop %.3f s", getattr(job, "__qualname__", job), took)
-
-            doc.add_next_tick_callback(run)
-        else:
-            job()
+        on_page(doc, job)
+        if not served(doc):
             self._push_notebook()
 
     def _push_notebook(self) -> None:

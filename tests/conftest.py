@@ -9,6 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
+# The carls defaults enter dask.config when carls_dask is imported; imported here, before any test, so a
+# test's `with dask.config.set({"carls....": ...})` entered before the first import cannot drop them on exit.
+import carls_dask.config  # noqa: F401
 from tests.processes import adopt_orphans, end_descendants, live_descendants
 
 ARTIFACTS = pathlib.Path(os.environ.get("CARLS_TEST_ARTIFACTS", pathlib.Path(__file__).parent.parent / "test-artifacts"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import traceback
 from collections.abc import Callable
 
@@ -16,7 +17,7 @@ from panel.io.state import set_curdoc
 from carls_dask.dashboards.figures import LiveFigure
 from carls_dask.dashboards.runreader import RunReader
 
-__all__ = ["RunView", "in_background", "series"]
+__all__ = ["RunView", "in_background", "on_page", "series", "served"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,28 +28,62 @@ def series(name: str, arr: xr.DataArray) -> tuple[str, np.ndarray, np.ndarray]:
     return name, np.asarray(arr[dim].values, dtype=np.float64), np.asarray(arr.values, dtype=np.float64)
 
 
+def served(doc: object) -> bool:
+    """Whether ``doc`` is the document of a page served by ``panel serve`` (not a notebook or a script)."""
+    return doc is not None and getattr(doc, "session_context", None) is not None
+
+
+def on_page(doc: object, job: Callable[[], object]) -> None:
+    """Run ``job`` (which changes Bokeh models and Panel layouts) where the page's document may change.
+
+    In a served page, ``job`` runs on the server's event loop with the document lock held (a next-tick
+    callback), and every change it makes reaches the browser in the order it was made: the document is
+    held while ``job`` runs, so Panel's layout changes (a grid that shows a new figure, a tab that
+    appears) go out in Bokeh's queue with the figure updates, instead of ahead of them on Panel's own
+    direct write. (Out of order, an update of a figure could reach the page before the message that
+    first sent the figure, and the page refuses it: "reference ... isn't known".) Without a served page
+    (a notebook or a script), ``job`` runs at once.
+    """
+    if not served(doc):
+        job()
+        return
+
+    def run() -> None:
+        t0 = time.perf_counter()
+        held = doc.callbacks.hold_value  # type: ignore[attr-defined]
+        if held is None:
+            doc.hold("collect")  # type: ignore[attr-defined]
+        try:
+            job()
+        finally:
+            if held is None:
+                doc.unhold()  # type: ignore[attr-defined]
+        took = time.perf_counter() - t0
+        if took > 0.1:  # the page waited for it: worth knowing when a page feels slow
+            logger.debug("page update %s held the event loop %.3f s", getattr(job, "__qualname__", job), took)
+
+    doc.add_next_tick_callback(run)  # type: ignore[attr-defined]
+
+
 def in_background(work: Callable[[], object], then: Callable[[], object]) -> None:
     """Run ``work`` off the event loop, then ``then`` where the page's document may change.
 
     In a served page, ``work`` runs in a worker thread (building models for this page's document) and
-    ``then`` on the server's event loop with the document lock held; with no served page (a notebook
-    or a script) both run at once, in order.
+    ``then`` as :func:`on_page` runs it; with no served page (a notebook or a script) both run at once,
+    in order.
     """
     doc = pn.state.curdoc
-    if doc is None or doc.session_context is None:
+    if not served(doc):
         work()
         then()
         return
-
-    def finish() -> None:
-        then()
 
     def run() -> None:
         try:
             with set_curdoc(doc):
                 work()
         finally:
-            doc.add_next_tick_callback(finish)
+            on_page(doc, then)
 
     threading.Thread(target=run, name="carls-dashboard-read", daemon=True).start()
 

@@ -167,19 +167,22 @@ class LearningView(RunView):
         self._set_message("" if loops else "This run's metric store has no trainer or maker series yet.")
 
     def flush(self) -> int:
-        """Apply the queued curve updates, and add the figures of loops that appeared; call on the page."""
+        """Apply the queued curve updates, and add the figures of loops that appeared; call on the page.
+
+        The figures are updated before the grid shows new ones, so a new figure reaches the page whole.
+        """
         charts = self.figures()
+        changed = 0
+        for chart in charts:
+            if chart.flush():
+                changed += 1
+                chart.set_xlabel(self._xlabel)
         keys = list(self.charts)
         if keys != self._shown:
             for chart in charts:
                 chart.set_log(self._ctl.log_y)
             self._grid.objects = [chart.pane for chart in charts]
             self._shown = keys
-        changed = 0
-        for chart in charts:
-            if chart.flush():
-                changed += 1
-                chart.set_xlabel(self._xlabel)
         return changed
 
     def _layout(self) -> pn.viewable.Viewable:
