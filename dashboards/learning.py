@@ -45,8 +45,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: The figures drawn for every knowledge maker, in order: staleness of the model it used, rounds, rows written.
-MAKER_METRICS = ("staleness_s", "round", "rows")
+#: The figures drawn for every knowledge maker, in order: staleness of the model it used, rounds, rows written,
+#: and for makers that follow a change feed, the share of the rows they re-scored and the keys the feed gave.
+MAKER_METRICS = ("staleness_s", "round", "rows", "coverage", "feed_keys")
 #: Ways to smooth a curve: exponential moving average (span of N points) or trailing mean of N points.
 SMOOTHING = ("EMA", "window")
 #: What a curve's x axis shows: the step, or seconds since the run's first metric row.

@@ -15,7 +15,7 @@ PUBLIC = {
         "TableSpec", "Trainer", "Workbench", "__version__", "config", "open_bank", "open_metrics",
     ],
     "carls_dask.bank": [
-        "BankShard", "Column", "KnowledgeBank", "LookupResult", "NegativeSample", "ShardCore", "TableSpec",
+        "BankShard", "ChangeBatch", "ChangeCursor", "ChangeWatch", "Column", "KnowledgeBank", "LookupResult", "NegativeSample", "ShardCore", "TableSpec",
         "bucket_of", "hash_string", "nodes_table", "to_int64_keys",
     ],
     "carls_dask.runtime": [

@@ -8,6 +8,7 @@ machine is :class:`ShardCore` (no Dask, no I/O); :class:`BankShard` is its Dask 
 from __future__ import annotations
 
 from carls_dask.bank.actor import BankShard
+from carls_dask.bank.changes import ChangeBatch, ChangeCursor, ChangeWatch
 from carls_dask.bank.client import KnowledgeBank
 from carls_dask.bank.core import LookupResult, ShardCore
 from carls_dask.bank.hashing import bucket_of, hash_string, to_int64_keys
@@ -16,6 +17,9 @@ from carls_dask.bank.schema import Column, TableSpec, nodes_table
 
 __all__ = [
     "BankShard",
+    "ChangeBatch",
+    "ChangeCursor",
+    "ChangeWatch",
     "Column",
     "KnowledgeBank",
     "LookupResult",

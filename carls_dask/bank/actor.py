@@ -312,6 +312,13 @@ class BankShard:
         return self.core.keys(table)
 
     @_locked
+    def changes(
+        self, table: str, column: str, since: tuple[str, int] | None = None, limit: int | None = None
+    ) -> tuple[np.ndarray, tuple[str, int], bool]:
+        """See :meth:`ShardCore.changes`."""
+        return self.core.changes(table, column, since, limit)
+
+    @_locked
     def keys_and_frequency(self, table: str) -> tuple[np.ndarray, np.ndarray]:
         """See :meth:`ShardCore.keys_and_frequency`."""
         return self.core.keys_and_frequency(table)

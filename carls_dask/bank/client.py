@@ -25,6 +25,7 @@ import numpy as np
 from carls_dask import config
 from carls_dask.bank.actor import BankShard
 from carls_dask.bank.ann import METHODS
+from carls_dask.bank.changes import ChangeBatch, ChangeCursor
 from carls_dask.bank.core import LookupResult, gather_rows
 from carls_dask.bank.hashing import bucket_of, to_int64_keys
 from carls_dask.bank.rehoming import install_walltime_plugin, publish_table, set_base
@@ -91,6 +92,12 @@ def _shard_args(specs: Sequence[TableSpec], owner: np.ndarray, buckets: int, ini
             for s in range(n)]
 
 
+def _lineage(man: Mapping[str, Any], default: str) -> str:
+    """The lineage a snapshot's bank had (its name when the snapshot predates lineages)."""
+    meta = man.get("meta", {})
+    return str(meta.get("lineage") or meta.get("name") or default)
+
+
 class KnowledgeBank:
     """A sharded knowledge bank: one :class:`~carls_dask.bank.actor.BankShard` per shard.
 
@@ -116,6 +123,8 @@ class KnowledgeBank:
         self.buckets = int(buckets)
         self._owner = np.asarray(owner, dtype=np.int32)
         self.name = name
+        #: Identity of the bank's data across restores: change-feed cursors of this lineage are valid here.
+        self.lineage = name
         self.timeout = float(timeout)
         self.log_root = log_root
         self._closed = False
@@ -428,6 +437,57 @@ class KnowledgeBank:
         parts = self._every_shard("keys", table)
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
+    def changes(
+        self, table: str, since: ChangeCursor | None = None, *, column: str | None = None, limit: int | None = None,
+    ) -> ChangeBatch:
+        """The keys whose watched ``column`` moved since cursor ``since``, in one batched call over the shards.
+
+        ``since=None`` starts a consumer: it gets every present key and a cursor. The table must watch
+        the column (:attr:`TableSpec.watch <carls_dask.bank.schema.TableSpec.watch>`); ``column`` may be
+        left out when it watches one. A cursor stays valid across a restore (on any shard count) and a
+        re-homed shard: a shard whose state was rebuilt answers all its keys once, so keys may repeat
+        but none is lost. ``limit`` bounds the keys of each shard's answer (whole write batches are
+        kept together); :attr:`ChangeBatch.complete` then says whether to ask again.
+
+        Raises
+        ------
+        InvalidBatchError
+            For a table or column that is not watched, a cursor of another bank, table or column, or a
+            cursor position no shard gave out; nothing changes.
+        """
+        spec = self.spec(table)
+        if not spec.watch:
+            raise InvalidBatchError(f"bank {self.name!r}: table {table!r} watches no column (TableSpec.watch is empty)")
+        watched = [w.column for w in spec.watch]
+        if column is None:
+            if len(watched) != 1:
+                raise InvalidBatchError(f"bank {self.name!r}: table {table!r} watches {watched}; name the column")
+            column = watched[0]
+        if column not in watched:
+            raise InvalidBatchError(f"bank {self.name!r}: table {table!r} does not watch column {column!r}; "
+                                    f"watched: {watched}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | np.integer) or limit < 1):
+            raise InvalidBatchError(f"bank {self.name!r}: changes limit must be an integer >= 1, got {limit!r}")
+        positions: list[tuple[str, int] | None] = [None] * self.n_shards
+        if since is not None:
+            if not isinstance(since, ChangeCursor):
+                raise InvalidBatchError(f"bank {self.name!r}: since must be a ChangeCursor from changes(), "
+                                        f"got {type(since).__name__}")
+            if since.bank != self.lineage:
+                raise InvalidBatchError(f"bank {self.name!r}: the cursor belongs to bank {since.bank!r}; "
+                                        f"expected one of this bank ({self.lineage!r})")
+            if (since.table, since.column) != (table, column):
+                raise InvalidBatchError(f"bank {self.name!r}: the cursor follows {since.table}/{since.column}; "
+                                        f"expected {table}/{column}")
+            if len(since.shards) == self.n_shards:  # else (a restore on another shard count) every shard answers all
+                positions = [(str(e), int(q)) for e, q in since.shards]
+        answers = self._call([ShardCall(s, "changes", (table, column, positions[s], limit))
+                              for s in range(self.n_shards)])
+        keys = [np.asarray(a[0], dtype=np.int64) for a in answers]
+        cursor = ChangeCursor(self.lineage, table, column, tuple((str(a[1][0]), int(a[1][1])) for a in answers))
+        return ChangeBatch(np.concatenate(keys) if keys else np.empty(0, dtype=np.int64), cursor,
+                           all(bool(a[2]) for a in answers))
+
     def sample_negatives(
         self,
         table: str,
@@ -606,6 +666,7 @@ class KnowledgeBank:
                 handle,
                 {
                     "name": self.name,
+                    "lineage": self.lineage,
                     "n_shards": self.n_shards,
                     "buckets": self.buckets,
                     "tables": {t: s.to_json() for t, s in self._specs.items()},
@@ -647,6 +708,7 @@ class KnowledgeBank:
             log_root=log_root, log_sync=log_sync,
             initial_capacity=int(config.get("bank.initial-capacity")), timeout=t,
         )
+        bank.lineage = _lineage(man, bank.name)
         bank._load(root, man, replay_log, 10 * t)
         if log_root is not None and str(log_root) != str(root):
             set_base(client, bank.name, str(root), int(man["version"]))
@@ -672,6 +734,7 @@ class KnowledgeBank:
         man, specs, owner, buckets = cls._read_plan(root, version, n_shards)
         bank = cls._start_local(specs, owner, buckets, cls._restored_name(man, name, "local"), log_root=log_root,
                                 log_sync=log_sync, initial_capacity=int(config.get("bank.initial-capacity")))
+        bank.lineage = _lineage(man, bank.name)
         bank._load(root, man, replay_log, None)
         return bank
 
@@ -749,6 +812,10 @@ class KnowledgeBank:
     async def keys_async(self, table: str) -> np.ndarray:
         """Awaitable :meth:`keys`."""
         return await asyncio.to_thread(self.keys, table)
+
+    async def changes_async(self, *args: Any, **kwargs: Any) -> ChangeBatch:
+        """Awaitable :meth:`changes`."""
+        return await asyncio.to_thread(self.changes, *args, **kwargs)
 
     async def sample_negatives_async(self, *args: Any, **kwargs: Any) -> NegativeSample:
         """Awaitable :meth:`sample_negatives`."""

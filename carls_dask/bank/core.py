@@ -18,6 +18,7 @@ import numpy as np
 from carls_dask.bank.ann import METHODS, AnnIndex, AnnSettings
 from carls_dask.bank.bounds import TableBounds, choose_victims, expired_rows, low_water, victim_scores
 from carls_dask.bank.buffers import BufferPool
+from carls_dask.bank.changes import ChangeFeed, new_epoch
 from carls_dask.bank.dirty import DirtyRows
 from carls_dask.bank.gradsum import sum_by_row
 from carls_dask.bank.hashing import bucket_of_hash, mix_seed, splitmix64
@@ -379,6 +380,13 @@ class ShardCore:
         }
         # rows changed and keys deleted since the last committed snapshot (incremental snapshots)
         self.dirty: dict[str, DirtyRows] = {name: DirtyRows() for name in self.tables}
+        #: Change feeds of the watched columns, by table and column (see :mod:`carls_dask.bank.changes`).
+        self.feeds: dict[str, dict[str, ChangeFeed]] = {
+            s.name: {w.column: ChangeFeed(w, s.column(w.column).shape, s.column(w.column).np_dtype) for w in s.watch}
+            for s in tables if s.watch
+        }
+        #: Epoch of this shard's feeds: new whenever a shard's state is built (a cursor of another epoch sees all rows).
+        self.feed_epoch = new_epoch()
 
     # -- helpers ----------------------------------------------------------------------------------------
     def table(self, name: str) -> TableState:
@@ -517,7 +525,7 @@ class ShardCore:
                 urows = self._bounded_insert(t, bnd, uniq, h[first], counts, urows, missing, est, now)
                 if (urows < 0).any():
                     rejected = (urows < 0)[inverse]
-            self.dirty[t.spec.name].mark(urows[urows >= 0] if rejected is not None else urows)
+            self._mark(t, urows[urows >= 0] if rejected is not None else urows)
             if (order := self._rank_orders.get(table)) is not None:
                 order.note_changes(uniq.size)
             self.version += 1
@@ -641,6 +649,45 @@ class ShardCore:
         r = r[r >= 0]
         return {name: arr[r] for name, arr in t.arrays()}
 
+    def _mark(self, t: TableState, rows: np.ndarray | slice) -> None:
+        """Rows ``rows`` were written: mark them for the next snapshot and feed the table's change feeds."""
+        self.dirty[t.spec.name].mark(rows)
+        feeds = self.feeds.get(t.spec.name)
+        if feeds:
+            r = np.arange(rows.start, rows.stop, dtype=np.int64) if isinstance(rows, slice) else np.asarray(rows)
+            for column, feed in feeds.items():
+                feed.written(r, np.asarray(t.cols[column][r]))
+
+    # -- change feeds -----------------------------------------------------------------------------------
+    def changes(
+        self, table: str, column: str, since: tuple[str, int] | None = None, limit: int | None = None
+    ) -> tuple[np.ndarray, tuple[str, int], bool]:
+        """Keys whose ``column`` moved after ``since`` (this shard's ``(epoch, sequence number)``).
+
+        A ``since`` of another epoch (or ``None``) answers every present key. Returns the keys, the
+        position to ask from next time and whether the answer is complete (``limit`` may cut it).
+        """
+        t = self.table(table)
+        feed = self.feeds.get(table, {}).get(column)
+        if feed is None:
+            watched = [w.column for w in t.spec.watch]
+            raise InvalidBatchError(f"table {table!r}: column {column!r} is not watched; watched columns: {watched}")
+        seq: int | None = None
+        if since is not None and since[0] == self.feed_epoch:
+            seq = int(since[1])
+            if not 0 <= seq <= feed.seq:
+                raise InvalidBatchError(
+                    f"table {table!r}, column {column!r}: unknown cursor position {seq} of shard {self.shard}; "
+                    f"expected 0..{feed.seq} (a cursor this bank gave out)"
+                )
+        rows, upto, complete = feed.rows_since(seq, t.n, limit)
+        return t.keys[rows].copy(), (self.feed_epoch, upto), complete
+
+    def feed_stats(self) -> dict[str, dict[str, int]]:
+        """Per ``table/column`` feed: rows compared, rows that moved, and the newest sequence number."""
+        return {f"{table}/{column}": {"compared": f.compared, "moves": f.moves, "seq": f.seq}
+                for table, feeds in self.feeds.items() for column, f in feeds.items()}
+
     # -- writes -----------------------------------------------------------------------------------------
     def update(
         self,
@@ -693,7 +740,7 @@ class ShardCore:
             t.prov["model_step"][rows] = model_step
         if code is not None:
             t.prov["maker"][rows] = code
-        self.dirty[t.spec.name].mark(rows)
+        self._mark(t, rows)
         self.version += 1
 
     def apply_gradients(
@@ -789,6 +836,8 @@ class ShardCore:
                 arr[holes] = arr[movers]
             t.index.set_rows(slots, holes)
         self.dirty[t.spec.name].moved(holes, movers, n_new)
+        for feed in self.feeds.get(t.spec.name, {}).values():
+            feed.moved(holes, movers, n_new)
         t.n = n_new
         if t.index.dead > t.index.live:
             t.index.rebuild(max(t.n, 1), t.keys, None)
@@ -926,6 +975,8 @@ class ShardCore:
             }
             if name in self.bounds:
                 out["tables"][name]["bounds"] = self.bounds[name].stats()
+        if self.feeds:
+            out["feeds"] = self.feed_stats()
         return out
 
     def export_state(self) -> dict[str, Any]:
@@ -1096,5 +1147,5 @@ class ShardCore:
             elif name.startswith("slot/"):
                 _, cname, sname = name.split("/")
                 t.ensure_slots(cname)[sname][at] = v
-        self.dirty[table].mark(at if isinstance(at, slice) else rows)
+        self._mark(t, at if isinstance(at, slice) else rows)
         return int(n)

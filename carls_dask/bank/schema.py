@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.bank.changes import ChangeWatch
 from carls_dask.bank.optimizers import compute_dtype
 from carls_dask.bank.topk import METRICS
 from carls_dask.storage.errors import (
@@ -194,6 +195,10 @@ class TableSpec:
         Seconds after a row's last write (``"lru"``: last use) at which it expires (``None``: never).
     sketch_width, sketch_depth
         Counters per row and rows of the admission sketch (used when ``min_frequency > 1``).
+    watch
+        Float columns whose moves each shard tracks for change feeds (:class:`~carls_dask.bank.changes.ChangeWatch`,
+        or a column name for any change); read them with
+        :meth:`KnowledgeBank.changes <carls_dask.bank.client.KnowledgeBank.changes>`.
     """
 
     name: str
@@ -212,6 +217,7 @@ class TableSpec:
     ttl: float | None = None
     sketch_width: int = 1 << 20
     sketch_depth: int = 4
+    watch: tuple[ChangeWatch, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
@@ -237,6 +243,35 @@ class TableSpec:
             )
         object.__setattr__(self, "adam_betas", tuple(float(b) for b in self.adam_betas))
         self._check_bounds()
+        self._check_watch()
+
+    def _check_watch(self) -> None:
+        """Validate :attr:`watch`: float columns of this table, each watched once."""
+        if isinstance(self.watch, str | ChangeWatch | dict):
+            raise ValueError(f"table {self.name!r}: watch must be a sequence of ChangeWatch or column names, got {self.watch!r}")
+        try:
+            watches = tuple(ChangeWatch.from_json(w) for w in self.watch)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"table {self.name!r}: watch {self.watch!r}: {exc}") from None
+        names = {c.name: c for c in self.columns}
+        seen: set[str] = set()
+        for w in watches:
+            col = names.get(w.column)
+            if col is None:
+                raise ValueError(f"table {self.name!r}: watch names column {w.column!r}; the columns are {sorted(names)}")
+            if np.dtype(col.dtype).kind != "f":
+                raise ValueError(f"table {self.name!r}: watched column {w.column!r} is {col.dtype}; expected a float column")
+            if w.column in seen:
+                raise ValueError(f"table {self.name!r}: column {w.column!r} is watched twice")
+            seen.add(w.column)
+        object.__setattr__(self, "watch", watches)
+
+    def watched(self, column: str) -> ChangeWatch:
+        """The watch of ``column`` (raises ``KeyError`` naming the watched columns when it is not watched)."""
+        for w in self.watch:
+            if w.column == column:
+                return w
+        raise KeyError(f"table {self.name!r}: column {column!r} is not watched; watched: {[w.column for w in self.watch]}")
 
     def _check_bounds(self) -> None:
         """Validate the bounded-table options (``max_rows``, ``eviction``, ``min_frequency``, ``ttl``, sketch)."""
@@ -342,6 +377,7 @@ class TableSpec:
             "ttl": self.ttl,
             "sketch_width": self.sketch_width,
             "sketch_depth": self.sketch_depth,
+            "watch": [w.to_json() for w in self.watch],
         }
 
     @classmethod
@@ -364,6 +400,7 @@ class TableSpec:
             ttl=data.get("ttl"),
             sketch_width=data.get("sketch_width", 1 << 20),
             sketch_depth=data.get("sketch_depth", 4),
+            watch=tuple(ChangeWatch.from_json(w) for w in data.get("watch", ())),
         )
 
 

@@ -24,6 +24,8 @@ _MAKER_TITLES = {
     "staleness_s": ("makers: age of the model version used", "staleness (s)"),
     "round": ("makers: rounds", "round"),
     "rows": ("makers: rows written", "rows"),
+    "coverage": ("makers: share of the rows re-scored (change feed)", "coverage"),
+    "feed_keys": ("makers: keys the change feed gave per round", "keys"),
 }
 
 

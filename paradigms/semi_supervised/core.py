@@ -30,10 +30,12 @@ from carls_dask.paradigms.semi_supervised.model import MLP
 from carls_dask.paradigms.semi_supervised.neighbours import NeighbourTable, build_neighbour_table
 from carls_dask.storage.errors import ConfigError, InvalidShapeError
 
-__all__ = ["MODES", "PSEUDO_SELECTIONS", "NodeClassifierCore", "SemiSupervisedConfig", "expand_neighbour_rows"]
+__all__ = ["MAKER_REFRESH", "MODES", "PSEUDO_SELECTIONS", "NodeClassifierCore", "SemiSupervisedConfig", "expand_neighbour_rows"]
 
 MODES = ("base", "in-graph", "bank")
 PSEUDO_SELECTIONS = ("threshold", "balanced", "soft", "auto")
+#: What the neighbour maker re-scores each round (see :attr:`SemiSupervisedConfig.maker_refresh`).
+MAKER_REFRESH = ("full", "changes")
 
 
 @dataclasses.dataclass
@@ -111,6 +113,18 @@ class SemiSupervisedConfig:
         Folder of the Planetoid files (``None``: ``carls.data.dir``, then ``CARLS_DATA_DIR``).
     torch_threads
         Intra-op threads torch may use in each loop (0 leaves torch's default).
+    maker_refresh
+        What the neighbour maker re-scores each round: ``"full"`` (every node) or ``"changes"`` (the
+        nodes the bank's change feed says moved at its last round and their graph neighbours, plus a
+        slow sweep of ``sweep_fraction`` of the nodes so that none is starved; see
+        :meth:`~carls_dask.bank.client.KnowledgeBank.changes`).
+    refresh_threshold
+        L2 distance between a node's new and last reported logits above which the change feed counts it as moved.
+    sweep_fraction
+        Share of the nodes a ``"changes"`` maker re-scores each round in a fixed cycle, whatever moved.
+    audit_nodes
+        Nodes (a fixed sample) on which the trainer measures, at each evaluation, how far the bank's logits
+        are from its current model's: the staleness of the knowledge it reads (0: no audit).
     """
 
     dataset: str = "cora"
@@ -144,6 +158,10 @@ class SemiSupervisedConfig:
     publish_every: int = 10
     data_dir: str | None = None
     torch_threads: int = 1
+    maker_refresh: str = "full"
+    refresh_threshold: float = 2.0
+    sweep_fraction: float = 0.05
+    audit_nodes: int = 256
 
     def __post_init__(self) -> None:
         self.hidden = tuple(int(h) for h in self.hidden)
@@ -181,6 +199,10 @@ class SemiSupervisedConfig:
             (int(self.propagation_steps) >= 0,
              f"propagation_steps {self.propagation_steps!r}, expected an integer >= 0"),
             (int(self.graph_warmup) >= 0, f"graph_warmup {self.graph_warmup!r}, expected an integer >= 0"),
+            (self.maker_refresh in MAKER_REFRESH, f"maker_refresh {self.maker_refresh!r}, expected one of {MAKER_REFRESH}"),
+            (self.refresh_threshold >= 0, f"refresh_threshold {self.refresh_threshold!r}, expected >= 0"),
+            (0.0 < self.sweep_fraction <= 1.0, f"sweep_fraction {self.sweep_fraction!r}, expected a value in (0, 1]"),
+            (int(self.audit_nodes) >= 0, f"audit_nodes {self.audit_nodes!r}, expected an integer >= 0"),
         )
         for ok, msg in checks:
             if not ok:

@@ -52,19 +52,21 @@ NODES_TABLE = "nodes"
 PSEUDO_TABLE = "pseudo_labels"
 
 
-def bank_tables(n_classes: int, embed_dim: int) -> list[Any]:
+def bank_tables(n_classes: int, embed_dim: int, refresh_threshold: float = 2.0) -> list[Any]:
     """The two tables of a run: ``nodes`` (embedding, logits) and ``pseudo_labels`` (label, confidence, target).
 
     ``target`` is the class distribution a node is trained towards: one-hot for hard pseudo labels,
-    the sharpened neighbour vote for soft ones.
+    the sharpened neighbour vote for soft ones. The ``nodes`` table watches its logits (a change feed
+    counting moves beyond ``refresh_threshold`` in L2), which a ``maker_refresh="changes"`` maker follows.
     """
+    from carls_dask.bank.changes import ChangeWatch
     from carls_dask.bank.schema import Column, TableSpec
 
     return [
         TableSpec(NODES_TABLE, columns=(
             Column("embedding", "float32", (embed_dim,), ("dim",), initializer="zeros"),
             Column("logits", "float32", (n_classes,), ("class",), initializer="zeros"),
-        ), optimizer=None),
+        ), optimizer=None, watch=(ChangeWatch("logits", "l2", float(refresh_threshold)),)),
         TableSpec(PSEUDO_TABLE, columns=(
             Column("pseudo_label", "int64", (), ()),
             Column("confidence", "float32", (), (), initializer="zeros"),
@@ -82,6 +84,14 @@ def _limit_threads(n: int) -> None:
 
 def _load(config: SemiSupervisedConfig, data_dir: str | os.PathLike[str] | None) -> PlanetoidGraph:
     return load_graph(config.dataset, data_dir)
+
+
+def _hist_quantile(hist: np.ndarray, q: float) -> float:
+    """The ``q`` quantile of the values whose counts ``hist`` holds (NaN when empty)."""
+    total = int(hist.sum())
+    if total == 0:
+        return float("nan")
+    return float(np.searchsorted(np.cumsum(hist), q * total))
 
 
 class GraphTrainer(Trainer):
@@ -128,8 +138,41 @@ class GraphTrainer(Trainer):
         self.age_sum = 0.0
         self.age_n = 0
         self.last_eval: dict[str, float] = {}
+        #: Histogram of the lag (trainer step minus the row's model step) of the neighbour rows read.
+        self.lag_hist = np.zeros(0, dtype=np.int64)
+        #: L2 gaps between the bank's logits and the current model's, on the audit nodes, per evaluation.
+        self.gaps: list[float] = []
+        n_audit = min(int(self.config.audit_nodes), self.graph.n_nodes) if self.bank is not None else 0
+        self.audit = np.sort(np.random.default_rng(12345).choice(self.graph.n_nodes, n_audit, replace=False))
 
-    def _bank_inputs(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+    def _note_lag(self, step: int, model_step: np.ndarray) -> None:
+        lag = np.clip(step - model_step, 0, None)
+        counts = np.bincount(lag, minlength=self.lag_hist.size)
+        if counts.size > self.lag_hist.size:
+            counts[: self.lag_hist.size] += self.lag_hist
+            self.lag_hist = counts
+        else:
+            self.lag_hist += counts
+
+    def _audit(self) -> None:
+        """Record how far the bank's logits of the audit nodes are from the current model's (L2 per node)."""
+        import torch
+
+        if self.bank is None or self.audit.size == 0:
+            return
+        got = self.bank.lookup(NODES_TABLE, self.audit, columns=["logits"])
+        found = np.asarray(got.found, dtype=bool)
+        if not found.any():
+            return
+        model = self.core.model
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            fresh = model.head(model.embed(torch.from_numpy(self.graph.features[self.audit[found]]))).numpy()
+        model.train(was_training)
+        self.gaps.extend(np.linalg.norm(np.asarray(got.values["logits"])[found] - fresh, axis=1).tolist())
+
+    def _bank_inputs(self, batch: np.ndarray, step: int = 0) -> dict[str, np.ndarray]:
         assert self.bank is not None
         slot_keys, weights, unique = self.core.neighbour_keys(batch)
         if len(unique):
@@ -142,6 +185,7 @@ class GraphTrainer(Trainer):
             if found.any():
                 self.age_sum += float(np.asarray(got.age)[found].sum())
                 self.age_n += int(found.sum())
+                self._note_lag(step, np.asarray(got.model_step, dtype=np.int64)[found])
         else:  # a batch of isolated nodes (CiteSeer has some): nothing to look up
             found = np.zeros(0, dtype=bool)
             rows = np.zeros((0, self.graph.n_classes), dtype=np.float32)
@@ -172,7 +216,7 @@ class GraphTrainer(Trainer):
     def step(self, step: int) -> Mapping[str, float]:
         t0 = time.perf_counter()
         batch = self.core.sample_batch()
-        inputs = self._bank_inputs(batch) if self.bank is not None else {}
+        inputs = self._bank_inputs(batch, step) if self.bank is not None else {}
         out = self.core.train_step(batch, **inputs)
         self.step_seconds += time.perf_counter() - t0
         self.timed_steps += 1
@@ -185,6 +229,7 @@ class GraphTrainer(Trainer):
     def evaluate(self) -> Mapping[str, float]:
         """Train, validation and test accuracy of the current weights (the best-validation weights are kept)."""
         self.last_eval = self.core.evaluate()
+        self._audit()
         return self.last_eval
 
     def state(self) -> dict[str, Any]:
@@ -192,7 +237,8 @@ class GraphTrainer(Trainer):
         out["core"] = self.core.training_state()
         out["counters"] = {"step_seconds": self.step_seconds, "timed_steps": self.timed_steps,
                            "lookups": self.lookups, "lookup_seconds": self.lookup_seconds,
-                           "age_sum": self.age_sum, "age_n": self.age_n}
+                           "age_sum": self.age_sum, "age_n": self.age_n,
+                           "lag_hist": self.lag_hist.tolist(), "gaps": list(self.gaps)}
         return out
 
     def load_state(self, state: Mapping[str, Any]) -> None:
@@ -200,7 +246,7 @@ class GraphTrainer(Trainer):
         if "core" in state:
             self.core.load_training_state(dict(state["core"]))
         for key, value in dict(state.get("counters", {})).items():
-            setattr(self, key, value)
+            setattr(self, key, np.asarray(value, dtype=np.int64) if key == "lag_hist" else value)
 
     def finish(self) -> dict[str, Any]:
         return {
@@ -216,6 +262,10 @@ class GraphTrainer(Trainer):
             "bank_lookups": self.lookups,
             "lookup_ms": 1000 * self.lookup_seconds / self.lookups if self.lookups else float("nan"),
             "mean_neighbour_age_s": self.age_sum / self.age_n if self.age_n else float("nan"),
+            "neighbour_lag_p50": _hist_quantile(self.lag_hist, 0.5),
+            "neighbour_lag_p90": _hist_quantile(self.lag_hist, 0.9),
+            "knowledge_gap_p50": float(np.median(self.gaps)) if self.gaps else float("nan"),
+            "knowledge_gap_p90": float(np.quantile(self.gaps, 0.9)) if self.gaps else float("nan"),
         }
 
 
@@ -247,29 +297,81 @@ class _ModelMaker(KnowledgeMaker):
     def load_model(self, state: Mapping[str, Any], version: ModelVersion) -> None:
         self.model.load_state_dict(state)
 
-    def _forward(self) -> tuple[np.ndarray, np.ndarray]:
+    def _forward(self, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Embeddings and logits of the nodes ``rows`` (all nodes when ``None``) under the loaded model."""
         import torch
 
+        x = self.x if rows is None else self.x[torch.from_numpy(np.asarray(rows, dtype=np.int64))]
         with torch.no_grad():
-            hidden = self.model.embed(self.x)
+            hidden = self.model.embed(x)
             logits = self.model.head(hidden)
         return hidden.numpy().astype(np.float32), logits.numpy().astype(np.float32)
 
 
 class NeighbourMaker(_ModelMaker):
-    """Writes every node's embedding and logits from the newest model to the ``nodes`` table."""
+    """Writes the embedding and logits of the newest model to the ``nodes`` table.
+
+    With ``maker_refresh="full"`` every round re-scores every node. With ``"changes"`` the first round
+    does, and each later round re-scores only: the nodes whose logits the bank's change feed says moved
+    (beyond ``refresh_threshold``) since the maker's cursor, their graph neighbours, and the next
+    ``sweep_fraction`` of all nodes in a fixed cyclic order (so every node is re-scored at least once
+    every ``1 / sweep_fraction`` rounds). Each round reports ``coverage`` (share of the nodes re-scored)
+    and ``feed_keys`` (keys the feed returned).
+    """
 
     def __init__(self, name: str = "neighbour-maker", config: SemiSupervisedConfig | None = None, **kwargs: Any) -> None:
         super().__init__(name, config, **kwargs)
 
+    def setup(self, ctx: LoopContext) -> None:
+        super().setup(ctx)
+        self.cursor: Any = None
+        self.sweep_at = 0
+        self.sweep_order = np.random.default_rng(self.config.neighbour_seed).permutation(self.graph.n_nodes)
+        if self.config.maker_refresh == "changes":
+            self.adjacency = normalized_adjacency(self.graph.edges, self.graph.n_nodes)
+        self.scored_rows = 0
+        self.rounds = 0
+
+    def _rows_to_score(self) -> tuple[np.ndarray | None, int]:
+        """The nodes this round re-scores (``None``: all) and how many keys the change feed gave."""
+        if self.config.maker_refresh == "full" or self.cursor is None:
+            return None, 0
+        assert self.ctx is not None
+        batch = self.ctx.bank.changes(NODES_TABLE, self.cursor, column="logits")
+        self.cursor = batch.cursor
+        moved = np.zeros(self.graph.n_nodes, dtype=bool)
+        moved[batch.keys[(batch.keys >= 0) & (batch.keys < self.graph.n_nodes)]] = True
+        near = (self.adjacency @ moved.astype(np.float32)) > 0  # nodes with a moved neighbour
+        n_sweep = max(1, int(np.ceil(self.config.sweep_fraction * self.graph.n_nodes)))
+        sweep = np.take(self.sweep_order, np.arange(self.sweep_at, self.sweep_at + n_sweep), mode="wrap")
+        self.sweep_at = (self.sweep_at + n_sweep) % self.graph.n_nodes
+        chosen = moved | near
+        chosen[sweep] = True
+        return np.flatnonzero(chosen), int(batch.keys.size)
+
     def make(self, version: ModelVersion) -> Mapping[str, float]:
         assert self.ctx is not None
-        hidden, logits = self._forward()
-        self.ctx.bank.update(NODES_TABLE, self.keys, {"embedding": hidden, "logits": logits},
+        rows, feed_keys = self._rows_to_score()
+        keys = self.keys if rows is None else self.keys[rows]
+        hidden, logits = self._forward(rows)
+        self.ctx.bank.update(NODES_TABLE, keys, {"embedding": hidden, "logits": logits},
                              model_step=int(version.step), maker=self.name)
-        pred = logits.argmax(1)
-        test = self.graph.test
-        return {"rows": float(len(self.keys)), "test_acc": float((pred[test] == self.graph.labels[test]).mean())}
+        if self.config.maker_refresh == "changes" and self.cursor is None:  # follow the feed from here on
+            self.cursor = self.ctx.bank.changes(NODES_TABLE, column="logits").cursor
+        self.scored_rows += int(keys.size)
+        self.rounds += 1
+        out = {"rows": float(keys.size)}
+        if self.config.maker_refresh == "changes":
+            out.update(coverage=float(keys.size / self.graph.n_nodes), feed_keys=float(feed_keys))
+        if rows is None:
+            pred = logits.argmax(1)
+            test = self.graph.test
+            out["test_acc"] = float((pred[test] == self.graph.labels[test]).mean())
+        return out
+
+    def finish(self) -> dict[str, Any]:
+        return {"maker_refresh": self.config.maker_refresh, "rounds": self.rounds, "scored_rows": self.scored_rows,
+                "compute_fraction": self.scored_rows / max(1, self.rounds * self.graph.n_nodes)}
 
 
 class PseudoLabelMaker(_ModelMaker):

@@ -81,7 +81,7 @@ class SemiSupervised(Paradigm):
         if settings.mode != "bank":
             return []
         graph = load_graph(settings.dataset, settings.data_dir)
-        return bank_tables(graph.n_classes, settings.hidden[-1])
+        return bank_tables(graph.n_classes, settings.hidden[-1], settings.refresh_threshold)
 
     def loops(self, settings: SemiSupervisedConfig) -> Sequence[Any]:
         out: list[Any] = [GraphTrainer(TRAINER, settings)]

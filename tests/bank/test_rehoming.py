@@ -318,3 +318,28 @@ def test_a_worker_at_its_lifetime_hands_its_shard_over_before_it_goes(tmp_path: 
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_a_change_feed_cursor_survives_the_rehoming_of_a_shard(client: Any, tmp_path: pathlib.Path) -> None:
+    from carls_dask.bank import ChangeWatch
+
+    a, b = workers(client)
+    spec = TableSpec("nodes", columns=(Column("embedding", shape=(4,)),), optimizer=None, initializer="zeros",
+                     watch=(ChangeWatch("embedding", "l2", 0.5),))
+    bank = KnowledgeBank.create(client, [spec], n_shards=2, buckets=64, workers=[a, b], name="kill-feed",
+                                log_root=str(tmp_path / "bank"))
+    try:
+        k0, k1 = keys_of_shard(bank, 0, 10), keys_of_shard(bank, 1, 10)
+        keys = np.concatenate([k0, k1])
+        bank.update("nodes", keys, {"embedding": np.zeros((keys.size, 4), np.float32)})
+        bank.snapshot(str(tmp_path / "bank"), step=1)
+        cursor = bank.changes("nodes").cursor
+        bank.update("nodes", k1[:2], {"embedding": np.ones((2, 4), np.float32)})  # moved on the shard that stays
+        kill_worker(client, a)
+        wait_gone(client, a)
+        got = bank.changes("nodes", cursor)  # shard 0 is re-homed: its rebuilt feed answers all its keys once
+        assert sorted(int(k) for k in got.keys) == sorted(int(k) for k in [*k0, *k1[:2]])
+        assert bank.stats()["rehoming"]["count"] == 1
+        assert bank.changes("nodes", got.cursor).keys.size == 0
+    finally:
+        bank.close()

@@ -50,6 +50,20 @@ def test_the_bank_variant_is_not_below_the_base_mlp(data_dir: pathlib.Path) -> N
         assert acc["bank"] >= acc["base"], (seed, acc)
 
 
+def test_a_maker_following_the_change_feed_learns_as_well_with_a_third_of_the_compute(data_dir: pathlib.Path) -> None:
+    """Drift-triggered re-scoring: within a point of full re-scoring, at most 40 % of its model runs."""
+    got = {}
+    for refresh in ("full", "changes"):
+        settings = PARADIGM.settings("bank+pseudo", {"maker_refresh": refresh}, steps=80, data_dir=str(data_dir))
+        result = run_inline(PARADIGM, settings, variant="bank+pseudo")
+        got[refresh] = (result["test_acc"], result.results["neighbour-maker"].value, result.loops["neighbour-maker"])
+    (full_acc, full_maker, _), (acc, maker, loop) = got["full"], got["changes"]
+    assert full_maker["compute_fraction"] == 1.0 and maker["rounds"] == full_maker["rounds"]
+    assert maker["compute_fraction"] <= 0.4, maker
+    assert acc >= full_acc - 0.01, (acc, full_acc)
+    assert 0 < loop["metrics"]["coverage"] < 1 and loop["metrics"]["feed_keys"] > 0  # what the dashboard draws
+
+
 def test_inline_runs_repeat_exactly_and_label_only_after_the_warm_up(data_dir: pathlib.Path) -> None:
     s = PARADIGM.settings("bank+pseudo", pseudo_selection="balanced", pseudo_fraction=0.2, pseudo_warmup=10, k=3,
                           steps=20, hidden=(16,), unlabelled_batch=64, eval_every=5, publish_every=5,
@@ -138,6 +152,10 @@ def test_settings_variants_and_options() -> None:
         PARADIGM.settings(None, {"k": "many"})
     with pytest.raises(ConfigError, match=r"pseudo_labels need mode 'bank'"):
         PARADIGM.settings("base", {"pseudo_labels": "true"})
+    with pytest.raises(ConfigError, match=r"maker_refresh 'sometimes', expected one of \('full', 'changes'\)"):
+        PARADIGM.settings(None, {"maker_refresh": "sometimes"})
+    with pytest.raises(ConfigError, match=r"sweep_fraction 0.0, expected a value in \(0, 1\]"):
+        PARADIGM.settings(None, {"sweep_fraction": "0"})
 
 
 def test_bank_run_on_the_cluster_writes_a_durable_run_folder(client: object, data_dir: pathlib.Path,
