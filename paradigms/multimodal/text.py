@@ -7,7 +7,6 @@ frozen 384-d features the trainer projects; :func:`resolve_text_encoder` picks b
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import re
 import zlib
@@ -81,13 +80,10 @@ def resolve_text_encoder(choice: str) -> str:
         raise ConfigError(f"text_encoder={choice!r}; expected one of {TEXT_ENCODERS}")
     if choice == "hashed":
         return "hashed"
-    from carls_dask.paradigms.data.sentences import SENTENCE_MODEL, sentence_model_path
+    from carls_dask.paradigms.data.sentences import check_sentence_encoder
 
     try:
-        sentence_model_path()
-        if importlib.util.find_spec("transformers") is None:
-            raise ConfigError(f"the sentence encoder {SENTENCE_MODEL} needs the package 'transformers', which is "
-                              f"not installed; install it with: pip install transformers  (or: pip install -e '.[text]')")
+        check_sentence_encoder()
     except ConfigError as exc:
         if choice == "minilm":
             raise
