@@ -591,9 +591,9 @@ class LoaderConsumer:
         with _locked(self.loader):
             if int(seg.table[self._row, 0]) == _DETACHED:
                 self._check()
-            if e < int(seg.header[_F_PRODUCED]) - seg.layout.slots and int(seg.slot_epoch[slot]) != e:
-                raise ConsumerDetached(f"{self._who()}: epoch {e} was overwritten; the ring holds epochs from "
-                                       f"{int(seg.header[_F_PRODUCED]) - seg.layout.slots}")
+            if e < int(seg.header[_F_PRODUCED]) and int(seg.slot_epoch[slot]) != e:
+                raise ConsumerDetached(f"{self._who()}: epoch {e} was overwritten; the ring holds the "
+                                       f"{seg.layout.slots} newest of epochs 0 to {int(seg.header[_F_PRODUCED]) - 1}")
             seg.table[self._row, 2] = e
             seg.table[self._row, 3] = e
             seg.header[_F_HIGH] = max(int(seg.header[_F_HIGH]), e)
@@ -607,6 +607,12 @@ class LoaderConsumer:
             time.sleep(wait)
             wait = min(wait * 2, _POLL_MAX)
         return seg.slots[slot]
+
+    def peers(self) -> list[dict[str, int]]:
+        """The consumers attached now: ``pid``, the epoch each holds (``-1``: none) and the one it waits for."""
+        self._open()
+        t = self._seg.table
+        return [{"pid": int(r[1]), "epoch": int(r[2]), "wanted": int(r[3])} for r in t if r[0] == _ACTIVE]
 
     def valid(self) -> bool:
         """Whether the views of the held epoch are still intact (not detached, slot not overwritten)."""
