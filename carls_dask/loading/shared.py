@@ -41,6 +41,7 @@ import pathlib
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -155,6 +156,12 @@ def _lock_path(name: str) -> pathlib.Path:
 def loader_exists(name: str) -> bool:
     """Whether a loader segment named ``name`` exists on this node."""
     return _segment(_check_name(name)).exists()
+
+
+def _unlink(name: str) -> None:
+    """Remove loader ``name``'s segment and lock file (a producer's last act, also at interpreter exit)."""
+    for path in (_segment(name), _lock_path(name)):
+        path.unlink(missing_ok=True)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -357,6 +364,7 @@ class SharedLoader:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seg = self._create(layout, meta)
+        self._unlinker = weakref.finalize(self, _unlink, self.name)  # also at exit, if close() is never called
         self._seg.header[_F_LIMIT] = -1 if self.epochs is None else self.epochs
         for k, v in static.items():
             self._seg.static[str(k)][...] = v
@@ -491,10 +499,8 @@ class SharedLoader:
         if not len(self._seg.header):
             return
         self._seg.header[_F_STATE] = _CLOSED
-        with contextlib.suppress(FileNotFoundError, LoaderError):
-            with _locked(self.name):
-                _segment(self.name).unlink(missing_ok=True)
-                _lock_path(self.name).unlink(missing_ok=True)
+        with contextlib.suppress(LoaderError), _locked(self.name):
+            self._unlinker()
         self._seg.close()
         logger.info("shared loader %r: closed", self.name)
 
