@@ -211,7 +211,8 @@ class CurriculumFeed:
         """The training images of epoch ``epoch`` (rows ``rows`` only when given), augmented when the run augments.
 
         With shared loading, a view of the shared segment, valid until the next call or :meth:`release`
-        (check with :meth:`intact`); else the loop's own copy.
+        (check with :meth:`intact`); else the loop's own array, overwritten by the next call for
+        another epoch.
         """
         x = self.data.images.x_train
         if not self.settings.augment:
@@ -228,7 +229,10 @@ class CurriculumFeed:
             if self._cache is not None and self._cache[0] == epoch and self._cache[1] == (key.start, key.stop,
                                                                                           key.step):
                 return self._cache[2]
-            got = augment_images(x[key], seed=self.settings.seed, epoch=epoch, rows=key, n=self.n)
+            reuse = self._cache[2] if self._cache is not None and self._cache[1] == (key.start, key.stop,
+                                                                                      key.step) else None
+            # the previous epoch's buffer is reused: a loop holds one epoch at a time
+            got = augment_images(x[key], seed=self.settings.seed, epoch=epoch, rows=key, n=self.n, out=reuse)
             self._cache = (epoch, (key.start, key.stop, key.step), got)
             return got
         finally:
