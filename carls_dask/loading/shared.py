@@ -363,6 +363,8 @@ class SharedLoader:
         self.cpu_seconds = 0.0  #: CPU time the producer thread spent in ``transform``
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._closing = threading.Lock()
+        self._linger_until: float | None = None
         self._seg = self._create(layout, meta)
         self._unlinker = weakref.finalize(self, _unlink, self.name)  # also at exit, if close() is never called
         self._seg.header[_F_LIMIT] = -1 if self.epochs is None else self.epochs
@@ -433,6 +435,9 @@ class SharedLoader:
         try:
             while not self._stop.is_set():
                 seg.header[_F_BEAT] = time.monotonic_ns()
+                if self._unused():
+                    self._release()
+                    return
                 slot = self._claim()
                 if slot is None:
                     self._stop.wait(wait)
@@ -496,12 +501,36 @@ class SharedLoader:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=60)
-        if not len(self._seg.header):
+        self._release()
+
+    def close_when_unused(self, linger: float) -> None:
+        """Close once no consumer is attached, or after ``linger`` seconds, whichever comes first.
+
+        The producer goes on serving the consumers still attached meanwhile (this is what a loop that
+        created the loader calls when it ends before the loops reading it). Returns at once.
+        """
+        linger = _seconds(f"SharedLoader {self.name!r}: linger", linger)
+        if self._thread is None or not self._thread.is_alive():
+            self.close()
             return
-        self._seg.header[_F_STATE] = _CLOSED
-        with contextlib.suppress(LoaderError), _locked(self.name):
-            self._unlinker()
-        self._seg.close()
+        self._linger_until = time.monotonic() + linger
+
+    def _unused(self) -> bool:
+        """Whether :meth:`close_when_unused` was called and its time has come."""
+        if self._linger_until is None:
+            return False
+        seg = self._seg
+        active = [int(pid) for state, pid in seg.table[:, :2] if state == _ACTIVE and _pid_alive(int(pid))]
+        return not active or time.monotonic() > self._linger_until
+
+    def _release(self) -> None:
+        with self._closing:
+            if not len(self._seg.header):
+                return
+            self._seg.header[_F_STATE] = _CLOSED
+            with contextlib.suppress(LoaderError), _locked(self.name):
+                self._unlinker()
+            self._seg.close()
         logger.info("shared loader %r: closed", self.name)
 
     def __enter__(self) -> SharedLoader:

@@ -11,8 +11,9 @@ and, per epoch, the training images it trains on or scores (augmented when ``set
   loops on the node attach to it and read views of it. Augmentation is a pure function of
   (seed, epoch, example), so both ways give the same images and the same run.
 
-A loop detached for falling behind (its epoch was overwritten) or finding the loader closed by its
-owner continues with separate loading, with a warning; a lost producer is an error.
+The loop that created the loader keeps it open after it ends, until the last loop reading it left.
+A loop detached for falling behind (its epoch was overwritten) or finding the loader closed
+continues with separate loading, with a warning; a lost producer is an error.
 """
 
 from __future__ import annotations
@@ -171,6 +172,14 @@ class CurriculumFeed:
         return self._cpu + (self.producer.cpu_seconds if self.producer is not None else 0.0)
 
     @property
+    def mode(self) -> str:
+        """``"produced"`` (this loop created the shared loader), ``"shared"`` (it reads one) or ``"separate"``
+        (it loads by itself, from the start or since it fell behind or found the loader closed)."""
+        if self.producer is not None:
+            return "produced"
+        return "shared" if self.consumer is not None else "separate"
+
+    @property
     def shared(self) -> bool:
         """Whether this feed reads from a shared loader now."""
         return self.consumer is not None
@@ -264,9 +273,10 @@ class CurriculumFeed:
         self.consumer = None
 
     def close(self) -> None:
-        """Leave the shared loader, and close it when this loop created it."""
+        """Leave the shared loader; when this loop created it, it closes once the last loop reading it left
+        (or after ``wait_timeout``), its producer serving them until then."""
         if self.consumer is not None:
             self.consumer.close()
             self.consumer = None
         if self.producer is not None:
-            self.producer.close()
+            self.producer.close_when_unused(self.options.wait_timeout)

@@ -244,10 +244,12 @@ class CurriculumTrainer(Trainer):
 
     def finish(self) -> dict[str, Any]:
         """The final clean test and train accuracy (on the images before augmentation), the newest knowledge
-        figures, the evaluation history and the CPU seconds the trainer spent loading data (``loading_cpu_s``)."""
+        figures, the evaluation history, the CPU seconds the trainer spent loading data (``loading_cpu_s``) and how
+        it loaded them (``loading``: see :attr:`~carls_dask.paradigms.curriculum.feed.CurriculumFeed.mode`)."""
         return {"test_accuracy": evaluate(self.model, self.x_test, self.y_test), **self.validation(),
                 "train_accuracy_clean": float((_logits(self.model, self.x_base).argmax(axis=1) == self.clean).mean()),
-                **self.knowledge, "history": self.history, "loading_cpu_s": self.feed.cpu_seconds}
+                **self.knowledge, "history": self.history, "loading_cpu_s": self.feed.cpu_seconds,
+                "loading": self.feed.mode}
 
     def teardown(self) -> None:
         """Leave the shared loader (closing it when this loop created it)."""
@@ -357,8 +359,9 @@ class DifficultyMaker(KnowledgeMaker):
         }
 
     def finish(self) -> dict[str, Any]:
-        """Rounds made by this run of the maker and the CPU seconds it spent loading data (``loading_cpu_s``)."""
-        return {"rounds": self.rounds, "loading_cpu_s": self.feed.cpu_seconds}
+        """Rounds made by this run of the maker, the CPU seconds it spent loading data (``loading_cpu_s``) and how
+        it loaded them (``loading``)."""
+        return {"rounds": self.rounds, "loading_cpu_s": self.feed.cpu_seconds, "loading": self.feed.mode}
 
     def teardown(self) -> None:
         """Leave the shared loader (closing it when this loop created it)."""

@@ -27,6 +27,7 @@ from carls_dask.loading import (
 from carls_dask.storage.errors import ConfigError, DeadlineExceeded
 from tests.loading import workers
 from tests.loading.workers import COLS, ROWS, epoch_data, static_labels
+from tests.processes import wait_for
 
 SHM = pathlib.Path("/dev/shm")
 CTX = multiprocessing.get_context("spawn")
@@ -204,6 +205,19 @@ def test_closing_unlinks_and_consumers_see_it(name: str) -> None:
     c.close()
     prod.close()  # idempotent
     assert segments(name) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_producer_closed_when_unused_serves_its_consumers_until_they_leave(name: str) -> None:
+    prod = loader(name, slots=2)
+    with attach(name, "reader") as c:
+        c.get(0)
+        prod.close_when_unused(linger=50)
+        assert np.array_equal(c.get(3)["x"], epoch_data(3))  # still produced for the attached reader
+        assert segments(name) != []
+    wait_for(lambda: segments(name) == [], "the unused loader closed", 20)
+    with pytest.raises(LoaderError, match="no segment"):
+        attach(name)
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [

@@ -14,6 +14,7 @@ from carls_dask.paradigms.curriculum import Curriculum, CurriculumSettings
 from carls_dask.paradigms.curriculum.augment import augment_images, augmentation_draws
 from carls_dask.paradigms.curriculum.feed import CurriculumFeed, LoadingOptions, loader_name
 from carls_dask.runtime import run_inline
+from tests.processes import wait_for
 
 SHM = pathlib.Path("/dev/shm")
 
@@ -29,6 +30,11 @@ def _settings(**kw: Any) -> CurriculumSettings:
 
 def _leftovers() -> list[str]:
     return sorted(p.name for p in SHM.iterdir() if p.name.startswith("carls-curriculum-"))
+
+
+def _cleaned_up() -> None:
+    """The loaders' producers close once their last reader left: wait for that (bounded)."""
+    wait_for(lambda: not _leftovers(), "the curriculum's shared loaders removed from /dev/shm", 20)
 
 
 def test_augmenting_a_subset_gives_the_rows_of_augmenting_all() -> None:
@@ -80,7 +86,7 @@ def test_a_shared_feed_reads_the_images_a_separate_feed_makes() -> None:
     finally:
         other.close()
         owner.close()
-    assert _leftovers() == []
+    _cleaned_up()
 
 
 @pytest.mark.timeout(60)
@@ -97,7 +103,7 @@ def test_a_detached_feed_goes_on_with_the_same_images() -> None:
     finally:
         slow.close()
         owner.close()
-    assert _leftovers() == []
+    _cleaned_up()
 
 
 def _figures(shared: bool) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -116,7 +122,7 @@ def test_shared_loading_gives_the_same_run_as_separate_loading() -> None:
         assert a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)), k
     assert sep_trainer["history"] == shared_trainer["history"]
     assert sep["maker_rounds"] > 2 and sep["scored_fraction"] == 1.0
-    assert _leftovers() == []
+    _cleaned_up()
 
 
 def test_bad_loading_settings_are_refused() -> None:
@@ -126,3 +132,18 @@ def test_bad_loading_settings_are_refused() -> None:
         _settings(augment=1)
     with pytest.raises(ConfigError, match=r"carls\.loading"):
         LoadingOptions.from_config({"loading": {"slots": 2}})
+
+
+@pytest.mark.timeout(240)
+def test_loops_in_worker_processes_share_one_loader(client: object) -> None:
+    """On a real LocalCluster (two worker processes on this node) one loop creates the loader, the others read it."""
+    from carls_dask.runtime import run_paradigm
+
+    result = run_paradigm(Curriculum(), _settings(shared_loading=True), cluster=client, progress=False, timeout=200)
+    modes = {name: r.value["loading"] for name, r in result.results.items()}
+    assert sorted(modes) == ["maker-0", "maker-1", "trainer"]
+    assert list(modes.values()).count("produced") == 1, modes
+    # a loop reads the loader, or loads by itself after falling behind it: never a second producer
+    assert set(modes.values()) <= {"produced", "shared", "separate"}
+    assert result.figures["maker_rounds"] >= 2, result.figures
+    _cleaned_up()
