@@ -76,13 +76,14 @@ def augment_images(x: np.ndarray, *, seed: int, epoch: int, rows: np.ndarray | s
         raise ConfigError(f"augment_images: {x.shape[0]} images but {dy.shape[0]} rows")
     h, w = x.shape[2], x.shape[3]
     s = shift
-    padded = np.zeros((x.shape[0], x.shape[1], h + 2 * s, w + 2 * s), dtype=x.dtype)
-    padded[:, :, s:s + h, s:s + w] = x
+    out[...] = 0  # what a shift uncovers
     code = (dy + s) * (2 * s + 1) + (dx + s)
     for c in np.unique(code):
         i = np.flatnonzero(code == c)
         a, b = divmod(int(c), 2 * s + 1)
-        out[i] = padded[i, :, a:a + h, b:b + w]
+        oy, ox = s - a, s - b  # output pixel (r, q) shows input pixel (r - oy, q - ox)
+        out[i, :, max(oy, 0):h + min(oy, 0), max(ox, 0):w + min(ox, 0)] = \
+            x[i, :, max(-oy, 0):h + min(-oy, 0), max(-ox, 0):w + min(-ox, 0)]
     f = np.flatnonzero(flip)
     out[f] = out[f, :, :, ::-1]
     return out
