@@ -294,7 +294,7 @@ class DifficultyMaker(KnowledgeMaker):
         self.n = int(data.labels.labels.shape[0])
         self.keys = np.arange(self.n, dtype=np.int64)[self.part::self.parts]
         self.rows = slice(self.part, None, self.parts)
-        self.x = None if s.augment else torch.from_numpy(data.images.x_train[self.rows]).to(self.device)
+        self.x = None if s.augment else torch.from_numpy(np.ascontiguousarray(data.images.x_train[self.rows])).to(self.device)
         self.given = data.labels.labels[self.keys]
         self.clean = data.labels.clean[self.keys]
         self.noisy = data.labels.flipped[self.keys]
