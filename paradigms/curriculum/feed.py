@@ -18,16 +18,20 @@ continues with separate loading, with a warning; a lost producer is an error.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import logging
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from carls_dask.loading.shared import (
+    SHM_DIR,
     ConsumerDetached,
     LoaderClosed,
     LoaderConsumer,
@@ -39,7 +43,7 @@ from carls_dask.paradigms.curriculum.augment import augment_images, epoch_of
 from carls_dask.paradigms.curriculum.noise import NoisyLabels
 from carls_dask.paradigms.curriculum.settings import CurriculumData, CurriculumSettings, load_data
 from carls_dask.paradigms.data.fashion_mnist import FASHION_MNIST_CLASSES, ImageData
-from carls_dask.storage.errors import ConfigError
+from carls_dask.storage.errors import ConfigError, DeadlineExceeded
 
 __all__ = ["CurriculumFeed", "LoadingOptions", "loader_name"]
 
@@ -117,6 +121,34 @@ def _data(s: CurriculumSettings, a: Mapping[str, np.ndarray]) -> CurriculumData:
                                                                   s.noise))
 
 
+@contextlib.contextmanager
+def _creating(name: str, timeout: float) -> Iterator[None]:
+    """Hold the node-wide right to create loader ``name`` (an ``flock`` on ``/dev/shm/<name>.init``).
+
+    Whoever holds it removes the file before letting go, so none is left behind; a loop waiting on
+    the removed file then gets it, finds the loader and attaches.
+    """
+    path = SHM_DIR / f"{name}.init"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DeadlineExceeded(f"shared loader {name!r}: another loop has been creating it for "
+                                           f"{timeout:g} s") from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+
+
 class CurriculumFeed:
     """The data of one curriculum loop, loaded separately or read from the node's shared loader.
 
@@ -184,32 +216,42 @@ class CurriculumFeed:
         """Whether this feed reads from a shared loader now."""
         return self.consumer is not None
 
+    def _attach(self, name: str) -> bool:
+        o = self.options
+        try:
+            self.consumer = attach(name, self.loop, wait_timeout=o.wait_timeout, producer_timeout=o.producer_timeout)
+        except ConfigError:
+            raise
+        except LoaderError as exc:  # none yet, or one left by a dead producer (attach unlinked it)
+            logger.debug("%s: no usable shared loader %r (%s)", self.loop, name, exc)
+            return False
+        logger.info("%s: reads the shared loader %r", self.loop, name)
+        return True
+
     def _open_shared(self) -> None:
         s, o = self.settings, self.options
         name = loader_name(s)  # the name fixes the data settings, so an attached loader holds this run's data
         for _ in range(3):
-            try:
+            if self._attach(name):
+                return
+            # one loop at a time loads and creates; the others wait, then attach
+            with _creating(name, o.wait_timeout):
+                if self._attach(name):
+                    return
+                data = load_data(s)
+                x = data.images.x_train
+                try:
+                    self.producer = SharedLoader(
+                        name, static=_static(data), epoch={"x": (x.shape, x.dtype)} if s.augment else {},
+                        transform=self._produce, slots=o.slots, consumers=o.consumers,
+                        epochs=epoch_of(s.steps, s.batch_size, x.shape[0]) + 1 if s.augment else 0, start=False)
+                except LoaderError:
+                    continue  # another one created it meanwhile: attach to it
+                self.producer.start()
+                logger.info("%s: created the shared loader %r", self.loop, name)
                 self.consumer = attach(name, self.loop, wait_timeout=o.wait_timeout,
                                        producer_timeout=o.producer_timeout)
-                logger.info("%s: reads the shared loader %r", self.loop, name)
                 return
-            except ConfigError:
-                raise
-            except LoaderError as exc:  # none yet, or one left by a dead producer (attach unlinked it)
-                logger.debug("%s: no usable shared loader %r (%s); creating it", self.loop, name, exc)
-            data = load_data(s)
-            x = data.images.x_train
-            try:
-                self.producer = SharedLoader(
-                    name, static=_static(data), epoch={"x": (x.shape, x.dtype)} if s.augment else {},
-                    transform=self._produce, slots=o.slots, consumers=o.consumers,
-                    epochs=epoch_of(s.steps, s.batch_size, x.shape[0]) + 1 if s.augment else 0, start=False)
-            except LoaderError:
-                continue  # another loop created it meanwhile: attach to it
-            self.producer.start()
-            logger.info("%s: created the shared loader %r", self.loop, name)
-            self.consumer = attach(name, self.loop, wait_timeout=o.wait_timeout, producer_timeout=o.producer_timeout)
-            return
         raise LoaderError(f"{self.loop}: could neither attach to nor create the shared loader {name!r}")
 
     def _produce(self, epoch: int, out: dict[str, np.ndarray]) -> None:
