@@ -30,6 +30,10 @@ PUBLIC = {
         "read_bank", "read_manifest", "read_snapshot", "replay", "write_shard",
     ],
     "carls_dask.dashboards": ["Dashboard", "RunReader"],
+    "carls_dask.loading": [
+        "ArraySpec", "ConsumerDetached", "LoaderClosed", "LoaderConsumer", "LoaderError", "ProducerLost",
+        "SharedLoader", "attach", "loader_exists",
+    ],
     "carls_dask.memory": [
         "BankGaussianMemory", "DynamicNormalization", "GaussianMemory", "LookupMode", "MemoryConfig",
         "MemoryLookupResult", "MemoryState", "memory_lookup", "memory_table",

@@ -22,10 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.paradigms.curriculum.augment import epoch_of
 from carls_dask.paradigms.curriculum.cleaning import clean_targets, detection_quality
+from carls_dask.paradigms.curriculum.feed import CurriculumFeed, LoadingOptions
 from carls_dask.paradigms.curriculum.sampler import CurriculumSampler
 from carls_dask.paradigms.curriculum.scoring import get_scorer
-from carls_dask.paradigms.curriculum.settings import TABLE, CurriculumSettings, load_data, make_model
+from carls_dask.paradigms.curriculum.settings import TABLE, CurriculumSettings, make_model
 from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
 from carls_dask.runtime.maker import KnowledgeMaker
@@ -50,13 +52,14 @@ def difficulty_table(name: str = TABLE) -> Any:
     ), optimizer=None)
 
 
-def _prepare(settings: CurriculumSettings, ctx: LoopContext) -> tuple[Any, Any]:
-    """Set the worker's torch threads, load the data set and pick the loop's device (trainer and maker alike)."""
+def _prepare(settings: CurriculumSettings, ctx: LoopContext, name: str) -> tuple[CurriculumFeed, Any]:
+    """Set the worker's torch threads, open the loop's data feed and pick its device (trainer and maker alike)."""
     import torch
 
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
-    return load_data(settings), torch.device(ctx.device)
+    options = LoadingOptions.from_config(ctx.config) if settings.shared_loading else None
+    return CurriculumFeed(settings, name, options), torch.device(ctx.device)
 
 
 def _logits(model: Any, x: Any, batch: int = 4096) -> np.ndarray:
@@ -97,8 +100,11 @@ class CurriculumTrainer(Trainer):
         import torch
 
         s = self.settings
-        data, self.device = _prepare(s, ctx)
-        self.x = torch.from_numpy(data.images.x_train).to(self.device)
+        self.feed, self.device = _prepare(s, ctx, self.name)
+        data = self.feed.data
+        self.x_base = torch.from_numpy(data.images.x_train).to(self.device)
+        self.x = self.x_base
+        self.epoch: int | None = None
         self.x_test = torch.from_numpy(data.images.x_test).to(self.device)
         self.y_test = data.images.y_test
         self.x_val = None if data.x_val is None else torch.from_numpy(data.x_val).to(self.device)
@@ -168,7 +174,8 @@ class CurriculumTrainer(Trainer):
             for group in self.optimizer.param_groups:
                 group["lr"] = float(lr)
         idx = torch.from_numpy(self.sampler.next_batch()).to(self.device)
-        logits = self.model(self.x[idx])
+        batch = self.batch(step, idx)
+        logits = self.model(batch)
         per = torch.nn.functional.cross_entropy(logits, self.targets[idx], reduction="none")
         w = self.weights[idx]
         loss = (per * w).sum() / w.sum().clamp_min(1e-6)
@@ -176,6 +183,22 @@ class CurriculumTrainer(Trainer):
         loss.backward()
         self.optimizer.step()
         return {"loss": float(loss.detach()), **self.sampler.last, **self.knowledge}
+
+    def batch(self, step: int, idx: Any) -> Any:
+        """The training images ``idx`` of the epoch ``step`` is in (augmented when the run augments)."""
+        import torch
+
+        if not self.settings.augment:
+            return self.x[idx]
+        e = epoch_of(step, self.settings.batch_size, self.given.shape[0])
+        if e != self.epoch:
+            self.x = torch.from_numpy(self.feed.images(e)).to(self.device)
+            self.epoch = e
+        out = self.x[idx]
+        if not self.feed.intact():  # the shared epoch was overwritten: read it again, loaded separately
+            self.x = torch.from_numpy(self.feed.images(e)).to(self.device)
+            out = self.x[idx]
+        return out
 
     def validation(self) -> dict[str, float]:
         """Accuracy on the held-out split against its noisy labels (``val_accuracy``, what choices are made
@@ -220,10 +243,19 @@ class CurriculumTrainer(Trainer):
         self.history = [dict(h) for h in state.get("history", [])]
 
     def finish(self) -> dict[str, Any]:
-        """The final clean test and train accuracy, the newest knowledge figures and the evaluation history."""
+        """The final clean test and train accuracy (on the images before augmentation), the newest knowledge
+        figures, the evaluation history, the CPU seconds the trainer spent loading data (``loading_cpu_s``) and how
+        it loaded them (``loading``: see :attr:`~carls_dask.paradigms.curriculum.feed.CurriculumFeed.mode`)."""
         return {"test_accuracy": evaluate(self.model, self.x_test, self.y_test), **self.validation(),
-                "train_accuracy_clean": float((_logits(self.model, self.x).argmax(axis=1) == self.clean).mean()),
-                **self.knowledge, "history": self.history}
+                "train_accuracy_clean": float((_logits(self.model, self.x_base).argmax(axis=1) == self.clean).mean()),
+                **self.knowledge, "history": self.history, "loading_cpu_s": self.feed.cpu_seconds,
+                "loading": self.feed.mode}
+
+    def teardown(self) -> None:
+        """Leave the shared loader (closing it when this loop created it)."""
+        feed = getattr(self, "feed", None)
+        if feed is not None:
+            feed.close()
 
 
 class DifficultyMaker(KnowledgeMaker):
@@ -257,9 +289,12 @@ class DifficultyMaker(KnowledgeMaker):
         import torch
 
         s = self.settings
-        data, self.device = _prepare(s, ctx)
-        self.keys = np.arange(data.labels.labels.shape[0], dtype=np.int64)[self.part::self.parts]
-        self.x = torch.from_numpy(data.images.x_train[self.keys]).to(self.device)
+        self.feed, self.device = _prepare(s, ctx, self.name)
+        data = self.feed.data
+        self.n = int(data.labels.labels.shape[0])
+        self.keys = np.arange(self.n, dtype=np.int64)[self.part::self.parts]
+        self.rows = slice(self.part, None, self.parts)
+        self.x = None if s.augment else torch.from_numpy(np.ascontiguousarray(data.images.x_train[self.rows])).to(self.device)
         self.given = data.labels.labels[self.keys]
         self.clean = data.labels.clean[self.keys]
         self.noisy = data.labels.flipped[self.keys]
@@ -270,9 +305,21 @@ class DifficultyMaker(KnowledgeMaker):
     def load_model(self, state: Mapping[str, Any], version: ModelVersion) -> None:
         self.model.load_state_dict(state)
 
-    def score(self, previous_rounds: np.ndarray) -> dict[str, np.ndarray]:
-        """The bank columns for every training example with the loaded model (pure given the model)."""
-        logits = _logits(self.model, self.x)
+    def images(self, version: ModelVersion) -> Any:
+        """This maker's part of the training images, of the epoch of ``version`` when the run augments."""
+        import torch
+
+        if self.x is not None:
+            return self.x
+        e = epoch_of(int(version.step), self.settings.batch_size, self.n)
+        return torch.from_numpy(self.feed.images(e, self.rows)).to(self.device)
+
+    def score(self, previous_rounds: np.ndarray, x: Any = None) -> dict[str, np.ndarray]:
+        """The bank columns for every example of this maker's part (images ``x``, default the un-augmented
+        ones) with the loaded model (pure given the model)."""
+        if x is None:
+            x = self.x if self.x is not None else self.feed.data.images.x_train[self.rows]
+        logits = _logits(self.model, x)
         z = logits - logits.max(axis=1, keepdims=True)
         prob = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
         pred = prob.argmax(axis=1).astype(np.int64)
@@ -291,7 +338,11 @@ class DifficultyMaker(KnowledgeMaker):
         else:
             got = bank.lookup(TABLE, self.keys, columns=["disagree_rounds"])
             previous = np.where(got.found, got.values["disagree_rounds"], 0)
-        cols = self.score(previous)
+        x = self.images(version)
+        cols = self.score(previous, x)
+        if not self.feed.intact():  # the shared epoch was overwritten while scoring: score it again
+            cols = self.score(previous, self.images(version))
+        self.feed.release()
         if bank is not None:
             bank.update(TABLE, self.keys, cols, model_step=int(version.step), maker=self.name)
         self.rounds += 1
@@ -308,5 +359,12 @@ class DifficultyMaker(KnowledgeMaker):
         }
 
     def finish(self) -> dict[str, Any]:
-        """Rounds made by this run of the maker."""
-        return {"rounds": self.rounds}
+        """Rounds made by this run of the maker, the CPU seconds it spent loading data (``loading_cpu_s``) and how
+        it loaded them (``loading``)."""
+        return {"rounds": self.rounds, "loading_cpu_s": self.feed.cpu_seconds, "loading": self.feed.mode}
+
+    def teardown(self) -> None:
+        """Leave the shared loader (closing it when this loop created it)."""
+        feed = getattr(self, "feed", None)
+        if feed is not None:
+            feed.close()

@@ -93,6 +93,15 @@ class CurriculumSettings:
         Torch intra-op threads the trainer and maker set in their process (``torch.set_num_threads``,
         which applies to the whole worker process); ``None`` leaves torch's default. The models here
         are small, and one thread is fastest on a shared or busy machine.
+    augment
+        Augment the training images: each epoch (``batch_size * steps`` examples per pass over the
+        training set) every image is shifted by up to 2 pixels and mirrored with probability 1/2, a
+        pure function of (seed, epoch, example) (:mod:`~carls_dask.paradigms.curriculum.augment`).
+        Makers score the augmented images of the epoch of the model version they score.
+    shared_loading
+        Loops on one node read the data and each epoch's augmented images from one shared loader
+        (:mod:`carls_dask.loading.shared`) instead of each loading and augmenting its own; the run's
+        results are the same. Off by default.
     """
 
     dataset: str = "fashion-mnist"
@@ -128,6 +137,8 @@ class CurriculumSettings:
     makers: int = 1
     data_dir: str | None = None
     threads: int | None = 1
+    augment: bool = False
+    shared_loading: bool = False
 
     def __post_init__(self) -> None:
         if self.dataset not in ("fashion-mnist", "digits"):
@@ -162,6 +173,9 @@ class CurriculumSettings:
         for name in ("ramp", "warmup"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"CurriculumSettings: {name}={getattr(self, name)!r}; expected a fraction of steps")
+        for name in ("augment", "shared_loading"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"CurriculumSettings: {name}={getattr(self, name)!r}; expected True or False")
         if not self.lr > 0:
             raise ConfigError(f"CurriculumSettings: lr={self.lr!r}; expected a positive learning rate")
         self.make_pacing()
