@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import logging
-import os
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -43,7 +41,8 @@ from carls_dask.paradigms.curriculum.augment import augment_images, epoch_of
 from carls_dask.paradigms.curriculum.noise import NoisyLabels
 from carls_dask.paradigms.curriculum.settings import CurriculumData, CurriculumSettings, load_data
 from carls_dask.paradigms.data.fashion_mnist import FASHION_MNIST_CLASSES, ImageData
-from carls_dask.storage.errors import ConfigError, DeadlineExceeded
+from carls_dask.storage.errors import ConfigError
+from carls_dask.storage.fsutil import short_lock
 
 __all__ = ["CurriculumFeed", "LoadingOptions", "loader_name"]
 
@@ -129,24 +128,11 @@ def _creating(name: str, timeout: float) -> Iterator[None]:
     the removed file then gets it, finds the loader and attaches.
     """
     path = SHM_DIR / f"{name}.init"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise DeadlineExceeded(f"shared loader {name!r}: another loop has been creating it for "
-                                           f"{timeout:g} s") from None
-                time.sleep(0.05)
+    with short_lock(path, f"shared loader {name!r} (being created by another loop)", timeout):
         try:
             yield
         finally:
             path.unlink(missing_ok=True)
-    finally:
-        os.close(fd)
 
 
 class CurriculumFeed:
