@@ -203,7 +203,9 @@ def test_a_run_whose_shard_worker_is_killed_finishes_as_an_undisturbed_one(clust
     result = out["result"]
     assert killed_at < 600 and rehomed == 1
     assert result.figures["trainer_steps"] + (result.resumed_from or 0) == 600
-    assert abs(result.figures["test_accuracy"] - calm.figures["test_accuracy"]) <= 0.02, (
+    # the kill costs no accuracy (one-sided: the makers run at their own pace, so an undisturbed run itself
+    # varies, once 0.778 against 0.822 for a killed one; only a killed run that learned less is a failure)
+    assert result.figures["test_accuracy"] >= calm.figures["test_accuracy"] - 0.02, (
         result.figures["test_accuracy"], calm.figures["test_accuracy"])
     # the makers' knowledge survived the shard's move: the final bank holds a row for every training example,
     # as the undisturbed run's does, each rewritten by a maker after the kill
