@@ -44,7 +44,7 @@ WORDNET_UNLABELLED_BATCH = 2048
 #: against 69.6-70.4 % for the bank alone, seeds 0-1) and class-balanced hard labels win (validation
 #: 70.28 % against 69.88 % for the bank alone, seeds 0-4).
 _PSEUDO_PRESETS: dict[str, dict[str, object]] = {
-    "planetoid": {"pseudo_selection": "soft", "pseudo_weight": 10.0},
+    "planetoid": {"pseudo_selection": "soft", "pseudo_weight": 10.0, "pseudo_temperature": 0.6, "pseudo_alpha": 0.8},
     "wordnet": {"pseudo_selection": "balanced", "pseudo_weight": 0.5, "pseudo_fraction": 0.4, "pseudo_ramp": 50,
                 "pseudo_agreement": False},
 }

@@ -79,9 +79,10 @@ class SemiSupervisedConfig:
         personalised-PageRank teacher, see
         :func:`~carls_dask.paradigms.semi_supervised.pseudo_labels.soft_pseudo_labels`);
         ``"auto"``: the preset of the data set, chosen on its validation split
-        (:func:`~carls_dask.paradigms.data.graphs.graph_pseudo_preset`: ``soft`` with weight 10 on Cora and
-        CiteSeer; ``balanced`` with weight 0.5, fraction 0.4, ramp 50 and no agreement test on WordNet). The
-        preset sets those fields; choose a selection explicitly to set them yourself.
+        (:func:`~carls_dask.paradigms.data.graphs.graph_pseudo_preset`: ``soft`` with weight 10, temperature
+        0.6 and neighbour weight 0.8 on Cora and CiteSeer; ``balanced`` with weight 0.5, fraction 0.4, ramp 50
+        and no agreement test on WordNet). The preset fills the fields left at their defaults: a field set to
+        another value keeps it.
     pseudo_fraction
         Share of the unlabelled nodes that may get a pseudo label (``balanced``).
     pseudo_alpha
@@ -165,12 +166,11 @@ class SemiSupervisedConfig:
 
     def __post_init__(self) -> None:
         self.hidden = tuple(int(h) for h in self.hidden)
-        if self.pseudo_selection == "auto":
-            preset = graph_pseudo_preset(self.dataset)
-            if self.pseudo_weight is not None:
-                preset.pop("pseudo_weight")
-            for name, value in preset.items():
-                setattr(self, name, value)
+        if self.pseudo_selection == "auto":  # the preset fills the fields left at their defaults
+            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            for name, value in graph_pseudo_preset(self.dataset).items():
+                if name == "pseudo_selection" or getattr(self, name) == defaults[name]:
+                    setattr(self, name, value)
         if self.pseudo_weight is None:
             self.pseudo_weight = 10.0 if self.pseudo_selection == "soft" else 0.5
         checks: Sequence[tuple[bool, str]] = (

@@ -144,6 +144,9 @@ def test_settings_variants_and_options() -> None:
     assert (wn.pseudo_selection, wn.pseudo_weight, wn.pseudo_fraction, wn.pseudo_ramp, wn.pseudo_agreement) == (
         "balanced", 0.5, 0.4, 50, False)
     assert PARADIGM.settings(None, {"dataset": "wordnet", "pseudo_weight": "2"}).pseudo_weight == 2.0
+    assert (bank.pseudo_temperature, bank.pseudo_alpha, wn.pseudo_alpha) == (0.6, 0.8, 0.9)
+    kept = PARADIGM.settings(None, {"pseudo_temperature": "0.3"})  # a field set by hand keeps its value
+    assert (kept.pseudo_temperature, kept.pseudo_alpha) == (0.3, 0.8)
     assert PARADIGM.settings(None, {"dataset": "cora", "pseudo_selection": "balanced"}).pseudo_weight == 0.5
     assert PARADIGM.settings("in-graph").unlabelled_batch == 512
     with pytest.raises(ConfigError, match=r"'colour'='red': unknown; expected one of"):
