@@ -76,6 +76,8 @@ _STARTING, _RUNNING, _CLOSED, _FAILED = 0, 1, 2, 3
 _FREE, _ACTIVE, _DETACHED = 0, 1, 2
 _POLL = 0.002
 _POLL_MAX = 0.02
+#: Seconds a wait for the loader's lock may last (holders keep it for microseconds).
+LOCK_TIMEOUT = 30.0
 
 
 class LoaderError(CarlsError, RuntimeError):
@@ -259,15 +261,32 @@ class _Segment:
 
 
 @contextlib.contextmanager
-def _locked(name: str, create: bool = False) -> Iterator[None]:
-    """Hold the loader's lock; only its creator makes the lock file, so a closed loader's is gone."""
+def _locked(name: str, create: bool = False, check: Callable[[], None] | None = None,
+            timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+    """Hold the loader's lock; only its creator makes the lock file, so a closed loader's is gone.
+
+    While another process holds it, ``check`` runs between tries (a consumer's check of the producer:
+    a producer stopped while holding the lock is then an error, not a hang), and after ``timeout``
+    seconds the wait ends in :class:`LoaderError`.
+    """
     try:
         fd = os.open(_lock_path(name), os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
     except FileNotFoundError:
         raise LoaderClosed(f"shared loader {name!r}: no lock file {_lock_path(name)}; the loader was closed "
                            "or never created") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if check is not None:
+                    check()
+                if time.monotonic() > deadline:
+                    raise LoaderError(f"shared loader {name!r}: its lock {_lock_path(name)} stayed held for more "
+                                      f"than {timeout:g} s; expected holds of microseconds") from None
+                time.sleep(_POLL)
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
@@ -623,7 +642,7 @@ class LoaderConsumer:
         limit = int(seg.header[_F_LIMIT])
         if 0 <= limit <= e:
             raise LoaderError(f"{self._who()}: epoch {e} asked for; the loader produces epochs 0 to {limit - 1}")
-        with _locked(self.loader):
+        with _locked(self.loader, check=self._check):
             if int(seg.table[self._row, 0]) == _DETACHED:
                 self._check()
             if e < int(seg.header[_F_PRODUCED]) and int(seg.slot_epoch[slot]) != e:
@@ -677,7 +696,7 @@ class LoaderConsumer:
     def release(self) -> None:
         """Hold no epoch (the producer may overwrite it); the next :meth:`get` holds one again."""
         self._open()
-        with _locked(self.loader):
+        with _locked(self.loader, check=self._check):
             self._seg.table[self._row, 2] = -1
             self._seg.table[self._row, 3] = -1
         self.epoch = None

@@ -181,6 +181,35 @@ def test_a_stopped_producer_is_lost_after_its_heartbeat_deadline(name: str) -> N
 
 
 @pytest.mark.timeout(60)
+def test_a_producer_stopped_while_holding_the_lock_is_lost_not_a_hang(name: str) -> None:
+    """The lock is held (here by this process, as a stopped producer would hold it) and the producer is stopped:
+    a consumer's next call waits on the lock, sees no heartbeat and raises instead of blocking."""
+    import fcntl
+
+    from carls_dask.loading.shared import _lock_path
+
+    producer = Producer(name, slots=2)
+    try:
+        with attach(name, "c", wait_timeout=50, producer_timeout=0.5) as c:
+            c.get(0)
+            assert producer.proc.pid is not None
+            fd = os.open(_lock_path(name), os.O_RDWR)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.kill(producer.proc.pid, signal.SIGSTOP)
+            try:
+                t0 = time.monotonic()
+                with pytest.raises(ProducerLost, match="no heartbeat"):
+                    c.get(1)
+                assert time.monotonic() - t0 < 30
+            finally:
+                os.close(fd)
+                os.kill(producer.proc.pid, signal.SIGCONT)
+    finally:
+        producer.proc.kill()
+        producer.proc.join(20)
+
+
+@pytest.mark.timeout(60)
 def test_a_failing_transform_is_an_error_naming_it_on_the_consumers(name: str) -> None:
     def bad(epoch: int, out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {"x": np.zeros((ROWS, COLS + 1), np.float32)}
