@@ -13,7 +13,7 @@ import json
 import os
 import pathlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from carls_dask.storage.errors import (
@@ -174,15 +174,35 @@ class WriterLock:
 
 
 @contextlib.contextmanager
-def short_lock(path: str | os.PathLike[str], what: str, timeout: float = 30.0) -> Iterator[None]:
+def short_lock(path: str | os.PathLike[str], what: str, timeout: float = 30.0, *, create: bool = True,
+               check: Callable[[], None] | None = None, poll: float = 0.01) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` for a short read-modify-write, waiting at most ``timeout`` s.
+
+    Parameters
+    ----------
+    path
+        The lock file.
+    what
+        What the lock guards, for the error message.
+    timeout
+        Seconds to wait for another holder to let go.
+    create
+        Create ``path`` when it is missing (else a missing file is :class:`FileNotFoundError`, raised
+        before the lock is held).
+    check
+        Called between tries while another process holds the lock; what it raises ends the wait (for
+        example a check that the holder is still alive).
+    poll
+        Seconds between tries.
 
     Raises
     ------
     DeadlineExceeded
         If another process held the lock for longer than ``timeout`` seconds.
+    FileNotFoundError
+        If ``create`` is false and ``path`` does not exist.
     """
-    fd = os.open(os.fspath(path), os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(os.fspath(path), os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -190,12 +210,13 @@ def short_lock(path: str | os.PathLike[str], what: str, timeout: float = 30.0) -
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if check is not None:
+                    check()
                 if time.monotonic() > deadline:
                     raise DeadlineExceeded(
                         f"{what}: {path} stayed locked for more than {timeout:g} s; expected a short hold"
                     ) from None
-                time.sleep(0.01)
+                time.sleep(poll)
         yield
     finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        os.close(fd)  # closing the descriptor releases the lock

@@ -12,6 +12,8 @@ from carls_dask.loading.shared import (
     SharedLoader,
     attach,
     loader_exists,
+    shared_memory_available,
+    shared_memory_free,
 )
 
 __all__ = [
@@ -24,4 +26,6 @@ __all__ = [
     "SharedLoader",
     "attach",
     "loader_exists",
+    "shared_memory_available",
+    "shared_memory_free",
 ]

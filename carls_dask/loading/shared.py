@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
+import errno
 import json
 import logging
 import mmap
@@ -47,7 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.storage.errors import CarlsError, ConfigError
+from carls_dask.storage.errors import CarlsError, ConfigError, DeadlineExceeded
+from carls_dask.storage.fsutil import short_lock
 
 __all__ = [
     "ArraySpec",
@@ -59,6 +60,8 @@ __all__ = [
     "SharedLoader",
     "attach",
     "loader_exists",
+    "shared_memory_available",
+    "shared_memory_free",
 ]
 
 logger = logging.getLogger(__name__)
@@ -269,27 +272,44 @@ def _locked(name: str, create: bool = False, check: Callable[[], None] | None = 
     a producer stopped while holding the lock is then an error, not a hang), and after ``timeout``
     seconds the wait ends in :class:`LoaderError`.
     """
-    try:
-        fd = os.open(_lock_path(name), os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
-    except FileNotFoundError:
-        raise LoaderClosed(f"shared loader {name!r}: no lock file {_lock_path(name)}; the loader was closed "
-                           "or never created") from None
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if check is not None:
-                    check()
-                if time.monotonic() > deadline:
-                    raise LoaderError(f"shared loader {name!r}: its lock {_lock_path(name)} stayed held for more "
-                                      f"than {timeout:g} s; expected holds of microseconds") from None
-                time.sleep(_POLL)
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(short_lock(_lock_path(name), f"shared loader {name!r}: its lock", timeout,
+                                          create=create, check=check, poll=_POLL))
+        except FileNotFoundError:
+            raise LoaderClosed(f"shared loader {name!r}: no lock file {_lock_path(name)}; the loader was closed "
+                               "or never created") from None
+        except DeadlineExceeded as exc:
+            raise LoaderError(f"{exc} (holds last microseconds)") from None
         yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _reserve(fd: int, size: int, name: str) -> None:
+    """Give the segment ``size`` bytes of memory now, so a full ``/dev/shm`` is an error here and not a
+    ``SIGBUS`` when the producer first writes a page (``ftruncate`` alone reserves nothing on tmpfs)."""
+    os.ftruncate(fd, size)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            return  # a file system without fallocate: the size is set, the pages come on first write
+        free = shared_memory_free()
+        raise LoaderError(f"shared loader {name!r}: needs {size / 1e6:.1f} MB in {SHM_DIR}, which has "
+                          f"{free / 1e6:.1f} MB free ({exc.strerror}); free some, or load separately") from None
+
+
+def shared_memory_available() -> bool:
+    """Whether this node offers node-local shared memory for loaders: a writable ``/dev/shm`` (Linux)."""
+    return SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK | os.X_OK)
+
+
+def shared_memory_free() -> int:
+    """Bytes free in ``/dev/shm`` for an unprivileged writer (0 when there is none)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return 0
+    return int(st.f_bavail) * int(st.f_frsize)
 
 
 def _map(name: str) -> _Segment:
@@ -414,11 +434,12 @@ class SharedLoader:
                 path.unlink(missing_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
-                os.ftruncate(fd, size)
+                _reserve(fd, size, self.name)
                 mm = mmap.mmap(fd, size)
             except BaseException:
                 os.close(fd)
                 path.unlink(missing_ok=True)
+                _lock_path(self.name).unlink(missing_ok=True)  # nothing of this loader is left
                 raise
             os.close(fd)
             head = np.frombuffer(mm, dtype=np.int64, count=layout.header_words)

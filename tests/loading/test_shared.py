@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import multiprocessing
 import os
@@ -23,6 +24,8 @@ from carls_dask.loading import (
     SharedLoader,
     attach,
     loader_exists,
+    shared_memory_available,
+    shared_memory_free,
 )
 from carls_dask.storage.errors import ConfigError, DeadlineExceeded
 from tests.loading import workers
@@ -161,8 +164,10 @@ def test_killing_the_producer_is_an_error_on_every_consumer(name: str) -> None:
     assert segments(name) == [], "the segment of the dead producer was not unlinked"
 
 
-@pytest.mark.timeout(60)
-def test_a_stopped_producer_is_lost_after_its_heartbeat_deadline(name: str) -> None:
+@contextlib.contextmanager
+def stopped_producer(name: str) -> Iterator[Any]:
+    """A consumer (producer timeout 0.5 s) that read epoch 0 of a producer process now stopped by
+    ``SIGSTOP``; the producer is resumed and killed afterwards."""
     producer = Producer(name, slots=2)
     try:
         with attach(name, "c", wait_timeout=50, producer_timeout=0.5) as c:
@@ -170,14 +175,19 @@ def test_a_stopped_producer_is_lost_after_its_heartbeat_deadline(name: str) -> N
             assert producer.proc.pid is not None
             os.kill(producer.proc.pid, signal.SIGSTOP)
             try:
-                with pytest.raises(ProducerLost, match="no heartbeat"):
-                    c.get(1)
-                    c.get(2)
+                yield c
             finally:
                 os.kill(producer.proc.pid, signal.SIGCONT)
     finally:
         producer.proc.kill()
         producer.proc.join(20)
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_producer_is_lost_after_its_heartbeat_deadline(name: str) -> None:
+    with stopped_producer(name) as c, pytest.raises(ProducerLost, match="no heartbeat"):
+        c.get(1)
+        c.get(2)
 
 
 @pytest.mark.timeout(60)
@@ -188,25 +198,29 @@ def test_a_producer_stopped_while_holding_the_lock_is_lost_not_a_hang(name: str)
 
     from carls_dask.loading.shared import _lock_path
 
-    producer = Producer(name, slots=2)
-    try:
-        with attach(name, "c", wait_timeout=50, producer_timeout=0.5) as c:
-            c.get(0)
-            assert producer.proc.pid is not None
-            fd = os.open(_lock_path(name), os.O_RDWR)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            os.kill(producer.proc.pid, signal.SIGSTOP)
-            try:
-                t0 = time.monotonic()
-                with pytest.raises(ProducerLost, match="no heartbeat"):
-                    c.get(1)
-                assert time.monotonic() - t0 < 30
-            finally:
-                os.close(fd)
-                os.kill(producer.proc.pid, signal.SIGCONT)
-    finally:
-        producer.proc.kill()
-        producer.proc.join(20)
+    with stopped_producer(name) as c:
+        fd = os.open(_lock_path(name), os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(ProducerLost, match="no heartbeat"):
+                c.get(1)
+            assert time.monotonic() - t0 < 30
+        finally:
+            os.close(fd)
+
+
+def test_a_loader_larger_than_the_free_shared_memory_is_refused_and_leaves_nothing(name: str) -> None:
+    """The segment's memory is reserved when it is created: too little room is a clear error, not a
+    SIGBUS at the producer's first write."""
+    free = shared_memory_free()
+    assert shared_memory_available() and free > 0
+    rows = free // (4 * COLS) + 1024  # more float32 rows than fit
+    with pytest.raises(LoaderError, match=rf"shared loader '{name}': needs .* MB in /dev/shm, which has .* MB free"):
+        SharedLoader(name, static={"y": static_labels()}, epoch={"x": ((rows, COLS), "float32")},
+                     transform=workers.transform)
+    assert segments(name) == []
+    assert not loader_exists(name)
 
 
 @pytest.mark.timeout(60)
