@@ -5,12 +5,12 @@ The curriculum paradigm (``curriculum+clean``) on all 60,000 Fashion-MNIST train
 mirrored with probability 1/2), one trainer and two difficulty makers, all in this process
 (:func:`carls_dask.runtime.run_inline`, deterministic), run three ways side by side:
 
-- **separate**: each loop loads the data set and augments what it needs itself (the trainer every
+- **separate** (``shared_loading="off"``): each loop loads the data set and augments what it needs itself (the trainer every
   image, each maker its half), as loops in processes of their own do: for this arm the in-process
   cache of the decoded data set is turned off, so each loop reads and converts Fashion-MNIST itself;
 - **separate, one process**: the same with that cache on (loops in one process then share the read
   data set, and each still augments its own images);
-- **shared**: ``shared_loading=True``: the first loop creates the node's shared loader, whose producer
+- **shared**: ``shared_loading="on"`` (what the default ``"auto"`` picks for a run with makers): the first loop creates the node's shared loader, whose producer
   thread reads the data set once and augments each epoch once into shared memory; the other loops
   read views of it.
 
@@ -60,7 +60,7 @@ def _arm(name: str, args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)
     mod._load.cache_clear()
     paradigm = get_paradigm("curriculum")
-    kw: dict[str, Any] = {"augment": True, "makers": 2, "threads": 1, "shared_loading": name == "shared",
+    kw: dict[str, Any] = {"augment": True, "makers": 2, "threads": 1, "shared_loading": "on" if name == "shared" else "off",
                           "seed": args.seed}
     if args.steps is not None:
         kw["steps"] = args.steps

@@ -3,17 +3,21 @@
 :class:`CurriculumFeed` gives a trainer or maker the run's :class:`~carls_dask.paradigms.curriculum.settings.CurriculumData`
 and, per epoch, the training images it trains on or scores (augmented when ``settings.augment``).
 
-- **Separate loading** (``shared_loading=False``): the loop loads the data set and augments the rows it
+- **Separate loading** (``shared_loading="off"``): the loop loads the data set and augments the rows it
   needs itself (a maker only its part).
-- **Shared loading** (``shared_loading=True``): the first loop on a node creates a
+- **Shared loading** (``shared_loading="on"``): the first loop on a node creates a
   :class:`~carls_dask.loading.shared.SharedLoader` named after the data settings, holding the data set and
   each epoch's augmented images, filled once by a producer thread in that loop's process; the other
   loops on the node attach to it and read views of it. Augmentation is a pure function of
   (seed, epoch, example), so both ways give the same images and the same run.
+- ``shared_loading="auto"`` (the default) is shared loading when the run has makers and the node has
+  a writable ``/dev/shm``, and separate loading otherwise, or when the node's shared memory cannot
+  hold the loader (a warning says so); with ``"on"`` those are errors.
 
 The loop that created the loader keeps it open after it ends, until the last loop reading it left.
-A loop detached for falling behind (its epoch was overwritten) or finding the loader closed
-continues with separate loading, with a warning; a lost producer is an error.
+A loop detached for falling behind (its epoch was overwritten), finding the loader closed or losing
+its producer (the producer's process died with its worker, say) continues with separate loading,
+with a warning naming the cause: the same images, computed by itself.
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ from carls_dask.loading.shared import (
     LoaderClosed,
     LoaderConsumer,
     LoaderError,
+    ProducerLost,
     SharedLoader,
     attach,
+    shared_memory_available,
 )
 from carls_dask.paradigms.curriculum.augment import augment_images, epoch_of
 from carls_dask.paradigms.curriculum.noise import NoisyLabels
@@ -166,13 +172,25 @@ class CurriculumFeed:
         self._cache: tuple[int, Any, np.ndarray] | None = None
         self.data: CurriculumData
         t0 = time.thread_time()
-        if settings.shared_loading:
+        if self._wants_shared():
             self._open_shared()
-            assert self.consumer is not None
+        if self.consumer is not None:
             self.data = _data(settings, self.consumer.static)
         else:
             self.data = load_data(settings)
         self._cpu += time.thread_time() - t0
+
+    def _wants_shared(self) -> bool:
+        """Whether to read from a shared loader, by ``settings.shared_loading`` and this node."""
+        s = self.settings
+        if s.shared_loading == "off":
+            return False
+        if shared_memory_available():
+            return s.shared_loading == "on" or (s.uses_bank and s.makers > 0)
+        if s.shared_loading == "on":
+            raise ConfigError(f"{self.loop}: shared_loading='on', but this node has no writable {SHM_DIR}; "
+                              "expected a Linux node, or shared_loading 'auto' or 'off'")
+        return False
 
     @property
     def n(self) -> int:
@@ -215,6 +233,19 @@ class CurriculumFeed:
         return True
 
     def _open_shared(self) -> None:
+        """Attach to, or create, the node's loader; with ``shared_loading="auto"``, a loader that cannot
+        be made (too little shared memory, say) leaves this loop to load by itself."""
+        try:
+            self._open_or_create()
+        except ConfigError:
+            raise
+        except (LoaderError, OSError) as exc:
+            if self.settings.shared_loading == "on":
+                raise
+            logger.warning("%s: loads separately; no shared loader could be opened (%s)", self.loop, exc)
+            self.consumer = None
+
+    def _open_or_create(self) -> None:
         s, o = self.settings, self.options
         name = loader_name(s)  # the name fixes the data settings, so an attached loader holds this run's data
         for _ in range(3):
@@ -260,7 +291,7 @@ class CurriculumFeed:
                 try:
                     view = self.consumer.get(epoch)["x"]
                     return view if rows is None else view[rows]
-                except (ConsumerDetached, LoaderClosed) as exc:
+                except (ConsumerDetached, LoaderClosed, ProducerLost) as exc:
                     self._go_separate(exc)
             key = slice(None) if rows is None else rows
             if self._cache is not None and self._cache[0] == epoch and self._cache[1] == (key.start, key.stop,

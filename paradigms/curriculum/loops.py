@@ -58,7 +58,7 @@ def _prepare(settings: CurriculumSettings, ctx: LoopContext, name: str) -> tuple
 
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
-    options = LoadingOptions.from_config(ctx.config) if settings.shared_loading else None
+    options = LoadingOptions.from_config(ctx.config) if settings.shared_loading != "off" else None
     return CurriculumFeed(settings, name, options), torch.device(ctx.device)
 
 

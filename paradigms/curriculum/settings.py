@@ -15,11 +15,29 @@ from carls_dask.paradigms.curriculum.scoring import SCORERS
 from carls_dask.paradigms.data.fashion_mnist import ImageData, load_images
 from carls_dask.storage.errors import ConfigError
 
-__all__ = ["TABLE", "CurriculumData", "CurriculumSettings", "load_data", "make_model"]
+__all__ = ["LOADING_MODES", "TABLE", "CurriculumData", "CurriculumSettings", "load_data", "make_model"]
 
 #: The bank table of per-example knowledge (keys are training-example indices). The dashboards
 #: read the table named ``nodes`` by default, so the curriculum uses that name too.
 TABLE = "nodes"
+
+
+#: The values of ``CurriculumSettings.shared_loading``, and the spellings that stand for them.
+LOADING_MODES = ("auto", "on", "off")
+_LOADING_WORDS = {True: "on", False: "off", "true": "on", "yes": "on", "false": "off", "no": "off"}
+
+
+def _loading_mode(value: object) -> str:
+    """``value`` of ``shared_loading`` as one of :data:`LOADING_MODES`."""
+    if isinstance(value, bool):
+        return _LOADING_WORDS[value]
+    if isinstance(value, str):
+        word = value.strip().lower()
+        word = _LOADING_WORDS.get(word, word)
+        if word in LOADING_MODES:
+            return word
+    raise ConfigError(f"CurriculumSettings: shared_loading={value!r}; expected 'auto', 'on' or 'off' "
+                      "(or True / False)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,9 +117,12 @@ class CurriculumSettings:
         pure function of (seed, epoch, example) (:mod:`~carls_dask.paradigms.curriculum.augment`).
         Makers score the augmented images of the epoch of the model version they score.
     shared_loading
-        Loops on one node read the data and each epoch's augmented images from one shared loader
-        (:mod:`carls_dask.loading.shared`) instead of each loading and augmenting its own; the run's
-        results are the same. Off by default.
+        ``"auto"`` (the default), ``"on"`` or ``"off"`` (``True`` and ``False`` stand for ``"on"`` and
+        ``"off"``). With ``"on"``, the loops on one node read the data and each epoch's augmented images
+        from one shared loader (:mod:`carls_dask.loading.shared`) instead of each loading and augmenting
+        its own; the run's results are the same. ``"auto"`` does so when the run has makers (more than
+        one loop reads the data) and the node has a writable ``/dev/shm``, and loads separately, with
+        a warning, when the node's shared memory cannot hold the loader; ``"on"`` makes either an error.
     """
 
     dataset: str = "fashion-mnist"
@@ -138,7 +159,7 @@ class CurriculumSettings:
     data_dir: str | None = None
     threads: int | None = 1
     augment: bool = False
-    shared_loading: bool = False
+    shared_loading: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dataset not in ("fashion-mnist", "digits"):
@@ -173,9 +194,9 @@ class CurriculumSettings:
         for name in ("ramp", "warmup"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"CurriculumSettings: {name}={getattr(self, name)!r}; expected a fraction of steps")
-        for name in ("augment", "shared_loading"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"CurriculumSettings: {name}={getattr(self, name)!r}; expected True or False")
+        if not isinstance(self.augment, bool):
+            raise ConfigError(f"CurriculumSettings: augment={self.augment!r}; expected True or False")
+        object.__setattr__(self, "shared_loading", _loading_mode(self.shared_loading))
         if not self.lr > 0:
             raise ConfigError(f"CurriculumSettings: lr={self.lr!r}; expected a positive learning rate")
         self.make_pacing()

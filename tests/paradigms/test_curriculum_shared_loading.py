@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pathlib
 from typing import Any
@@ -28,13 +29,16 @@ def _settings(**kw: Any) -> CurriculumSettings:
     return settings
 
 
-def _leftovers() -> list[str]:
-    return sorted(p.name for p in SHM.iterdir() if p.name.startswith("carls-curriculum-"))
+def _leftovers(settings: CurriculumSettings) -> list[str]:
+    name = loader_name(settings)
+    return sorted(p.name for p in SHM.iterdir() if p.name.startswith(name))
 
 
-def _cleaned_up() -> None:
-    """The loaders' producers close once their last reader left: wait for that (bounded)."""
-    wait_for(lambda: not _leftovers(), "the curriculum's shared loaders removed from /dev/shm", 20)
+def _cleaned_up(settings: CurriculumSettings | None = None) -> None:
+    """The loader of ``settings`` (default: the tests' shared settings) closes once its last reader left:
+    wait for that (bounded)."""
+    s = settings or _settings(shared_loading="on")
+    wait_for(lambda: not _leftovers(s), "the curriculum's shared loader removed from /dev/shm", 20)
 
 
 def test_augmenting_a_subset_gives_the_rows_of_augmenting_all() -> None:
@@ -67,7 +71,7 @@ def test_augmentation_refuses_bad_input() -> None:
 
 @pytest.mark.timeout(60)
 def test_a_shared_feed_reads_the_images_a_separate_feed_makes() -> None:
-    s_sep, s_shared = _settings(), _settings(shared_loading=True)
+    s_sep, s_shared = _settings(shared_loading="off"), _settings(shared_loading="on")
     separate = CurriculumFeed(s_sep, "maker-1")
     owner = CurriculumFeed(s_shared, "maker-0", LoadingOptions(slots=2))
     other = CurriculumFeed(s_shared, "trainer", LoadingOptions(slots=2))
@@ -126,8 +130,10 @@ def test_shared_loading_gives_the_same_run_as_separate_loading() -> None:
 
 
 def test_bad_loading_settings_are_refused() -> None:
-    with pytest.raises(ConfigError, match="shared_loading='yes'; expected True or False"):
-        _settings(shared_loading="yes")
+    with pytest.raises(ConfigError, match="shared_loading='sometimes'; expected 'auto', 'on' or 'off'"):
+        _settings(shared_loading="sometimes")
+    with pytest.raises(ConfigError, match="shared_loading=1; expected 'auto', 'on' or 'off'"):
+        _settings(shared_loading=1)
     with pytest.raises(ConfigError, match="augment=1; expected True or False"):
         _settings(augment=1)
     with pytest.raises(ConfigError, match=r"carls\.loading"):
@@ -147,3 +153,75 @@ def test_loops_in_worker_processes_share_one_loader(client: object) -> None:
     assert set(modes.values()) <= {"produced", "shared", "separate"}
     assert result.figures["maker_rounds"] >= 2, result.figures
     _cleaned_up()
+
+
+def test_shared_loading_is_auto_by_default_and_spellings_name_the_three_modes() -> None:
+    assert CurriculumSettings().shared_loading == "auto"
+    assert _settings().shared_loading == "auto"
+    for given, mode in ((True, "on"), (False, "off"), ("true", "on"), ("No", "off"), (" AUTO ", "auto")):
+        assert _settings(shared_loading=given).shared_loading == mode
+
+
+@pytest.mark.timeout(120)
+def test_auto_shares_the_data_of_a_run_with_makers_and_not_of_one_without() -> None:
+    """The default: a run whose makers read the data shares one loader; a uniform run (the trainer alone) does not."""
+    res = run_inline(Curriculum(), _settings())
+    modes = {name: r.value["loading"] for name, r in res.results.items()}
+    assert sorted(modes.values()) == ["produced", "shared", "shared"], modes
+    _cleaned_up(_settings())
+    alone = dataclasses.replace(_settings(), pacing="uniform", clean="none")
+    feed = CurriculumFeed(alone, "trainer")
+    try:
+        assert feed.mode == "separate" and not _leftovers(alone)
+    finally:
+        feed.close()
+
+
+def test_auto_loads_separately_without_shared_memory_and_on_is_an_error(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: pathlib.Path) -> None:
+    """A node without a writable /dev/shm (macOS, say): "auto" loads by itself, "on" says what is missing."""
+    import carls_dask.loading.shared as shared
+
+    monkeypatch.setattr(shared, "SHM_DIR", tmp_path / "no-shm")
+    feed = CurriculumFeed(_settings(), "trainer")
+    try:
+        assert feed.mode == "separate"
+        assert np.array_equal(feed.images(1), augment_images(feed.data.images.x_train, seed=0, epoch=1))
+    finally:
+        feed.close()
+    with pytest.raises(ConfigError, match=r"trainer: shared_loading='on', but this node has no writable /dev/shm"):
+        CurriculumFeed(_settings(shared_loading="on"), "trainer")
+
+
+@pytest.mark.timeout(90)
+def test_a_feed_whose_producer_died_goes_on_with_the_same_images() -> None:
+    """The loop owning the loader is SIGKILLed (its worker died): a reader warns and computes the images itself."""
+    import multiprocessing
+
+    from tests.paradigms import curriculum_workers
+
+    ctx = multiprocessing.get_context("spawn")
+    kw = dataclasses.asdict(_settings(shared_loading="on"))
+    ready, stop = ctx.Event(), ctx.Event()
+    owner = ctx.Process(target=curriculum_workers.own_feed, args=(kw, ready, stop))
+    owner.start()
+    try:
+        assert ready.wait(60), "the owning process did not create the loader"
+        s = _settings(shared_loading="on")
+        reader = CurriculumFeed(s, "maker", LoadingOptions(slots=2, producer_timeout=5))
+        try:
+            assert reader.mode == "shared"
+            first = reader.images(0).copy()
+            owner.kill()
+            owner.join(20)
+            again = reader.images(1)
+            assert reader.mode == "separate"
+            assert np.array_equal(again, augment_images(reader.data.images.x_train, seed=0, epoch=1))
+            assert np.array_equal(reader.images(0), first)
+        finally:
+            reader.close()
+    finally:
+        if owner.is_alive():
+            owner.kill()
+        owner.join(20)
+    _cleaned_up(s)
