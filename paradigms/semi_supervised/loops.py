@@ -341,7 +341,7 @@ class NeighbourMaker(_ModelMaker):
         self.cursor = batch.cursor
         moved = np.zeros(self.graph.n_nodes, dtype=bool)
         moved[batch.keys[(batch.keys >= 0) & (batch.keys < self.graph.n_nodes)]] = True
-        near = (self.adjacency @ moved.astype(np.float32)) > 0  # nodes with a moved neighbour
+        near = (self.adjacency @ moved.astype(np.float32)) > 0 if self.config.refresh_neighbours else False
         n_sweep = max(1, int(np.ceil(self.config.sweep_fraction * self.graph.n_nodes)))
         sweep = np.take(self.sweep_order, np.arange(self.sweep_at, self.sweep_at + n_sweep), mode="wrap")
         self.sweep_at = (self.sweep_at + n_sweep) % self.graph.n_nodes

@@ -62,6 +62,11 @@ def test_a_maker_following_the_change_feed_learns_as_well_with_a_third_of_the_co
     assert maker["compute_fraction"] <= 0.4, maker
     assert acc >= full_acc - 0.01, (acc, full_acc)
     assert 0 < loop["metrics"]["coverage"] < 1 and loop["metrics"]["feed_keys"] > 0  # what the dashboard draws
+    # without the moved nodes' neighbours a round re-scores fewer nodes
+    alone = PARADIGM.settings("bank+pseudo", {"maker_refresh": "changes", "refresh_neighbours": "false"}, steps=80,
+                              data_dir=str(data_dir))
+    fewer = run_inline(PARADIGM, alone, variant="bank+pseudo").results["neighbour-maker"].value
+    assert fewer["compute_fraction"] < maker["compute_fraction"], (fewer, maker)
 
 
 def test_inline_runs_repeat_exactly_and_label_only_after_the_warm_up(data_dir: pathlib.Path) -> None:
