@@ -32,7 +32,7 @@ PUBLIC = {
     "carls_dask.dashboards": ["Dashboard", "RunReader"],
     "carls_dask.loading": [
         "ArraySpec", "ConsumerDetached", "LoaderClosed", "LoaderConsumer", "LoaderError", "ProducerLost",
-        "SharedLoader", "attach", "loader_exists",
+        "SharedLoader", "attach", "loader_exists", "shared_memory_available", "shared_memory_free",
     ],
     "carls_dask.memory": [
         "BankGaussianMemory", "DynamicNormalization", "GaussianMemory", "LookupMode", "MemoryConfig",
