@@ -80,7 +80,8 @@ class SemiSupervisedConfig:
         :func:`~carls_dask.paradigms.semi_supervised.pseudo_labels.soft_pseudo_labels`);
         ``"auto"``: the preset of the data set, chosen on its validation split
         (:func:`~carls_dask.paradigms.data.graphs.graph_pseudo_preset`: ``soft`` with weight 10, temperature
-        0.6 and neighbour weight 0.8 on Cora and CiteSeer; ``balanced`` with weight 0.5, fraction 0.4, ramp 50
+        0.6, neighbour weight 0.8, a correct step with neighbour weight 0.99 (autoscale) and 50 propagation
+        rounds on Cora and CiteSeer; ``balanced`` with weight 0.5, fraction 0.4, ramp 50
         and no agreement test on WordNet). The preset fills the fields left at their defaults: a field set to
         another value keeps it.
     pseudo_fraction
