@@ -80,7 +80,8 @@ class SemiSupervisedConfig:
         :func:`~carls_dask.paradigms.semi_supervised.pseudo_labels.soft_pseudo_labels`);
         ``"auto"``: the preset of the data set, chosen on its validation split
         (:func:`~carls_dask.paradigms.data.graphs.graph_pseudo_preset`: ``soft`` with weight 10, temperature
-        0.6 and neighbour weight 0.8 on Cora and CiteSeer; ``balanced`` with weight 0.5, fraction 0.4, ramp 50
+        0.6, neighbour weight 0.8, a correct step with neighbour weight 0.99 (autoscale) and 50 propagation
+        rounds on Cora and CiteSeer; ``balanced`` with weight 0.5, fraction 0.4, ramp 50
         and no agreement test on WordNet). The preset fills the fields left at their defaults: a field set to
         another value keeps it.
     pseudo_fraction
@@ -93,8 +94,17 @@ class SemiSupervisedConfig:
         Sharpening temperature of the soft targets (``soft``; 1 leaves the votes as they are).
     pseudo_confidence_weight
         Weight each soft target's loss by its confidence (``soft``; else every target weighs 1).
+    pseudo_correct_alpha
+        Neighbour weight of the "correct" step before the label propagation (``balanced`` and ``soft``;
+        0: off): the model's errors on the labelled-train nodes are spread over the graph and added to
+        its probabilities (correct-and-smooth, see
+        :func:`~carls_dask.paradigms.semi_supervised.pseudo_labels.correct_probabilities`).
+    pseudo_correct_scale
+        Multiplier of the spread errors in the correct step; 0: autoscale (each row scaled to the mean
+        size of the labelled-train errors).
     propagation_steps
-        Rounds of the label propagation that makes the votes (``balanced`` and ``soft``).
+        Rounds of the label propagation that makes the votes (``balanced`` and ``soft``), and of the
+        correct step.
     graph_warmup
         Trainer steps before which the graph term is off (the run starts as the base MLP).
     pseudo_warmup
@@ -152,6 +162,8 @@ class SemiSupervisedConfig:
     pseudo_agreement: bool = True
     pseudo_temperature: float = 1.0
     pseudo_confidence_weight: bool = False
+    pseudo_correct_alpha: float = 0.0
+    pseudo_correct_scale: float = 0.0
     propagation_steps: int = 10
     graph_warmup: int = 0
     pseudo_warmup: int = 0
@@ -200,6 +212,10 @@ class SemiSupervisedConfig:
             (int(self.pseudo_warmup) >= 0, f"pseudo_warmup {self.pseudo_warmup!r}, expected an integer >= 0"),
             (int(self.pseudo_ramp) >= 0, f"pseudo_ramp {self.pseudo_ramp!r}, expected an integer >= 0"),
             (self.pseudo_temperature > 0, f"pseudo_temperature {self.pseudo_temperature!r}, expected > 0"),
+            (0.0 <= self.pseudo_correct_alpha < 1.0,
+             f"pseudo_correct_alpha {self.pseudo_correct_alpha!r}, expected a value in [0, 1)"),
+            (self.pseudo_correct_scale >= 0,
+             f"pseudo_correct_scale {self.pseudo_correct_scale!r}, expected >= 0 (0: autoscale)"),
             (int(self.propagation_steps) >= 0,
              f"propagation_steps {self.propagation_steps!r}, expected an integer >= 0"),
             (int(self.graph_warmup) >= 0, f"graph_warmup {self.graph_warmup!r}, expected an integer >= 0"),

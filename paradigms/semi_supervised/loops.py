@@ -31,6 +31,7 @@ from carls_dask.paradigms.semi_supervised.core import (
 )
 from carls_dask.paradigms.semi_supervised.pseudo_labels import (
     PseudoLabels,
+    correct_probabilities,
     normalized_adjacency,
     propagate_labels,
     pseudo_label_quality,
@@ -416,7 +417,11 @@ class PseudoLabelMaker(_ModelMaker):
         if cfg.pseudo_selection == "threshold":
             return select_pseudo_labels(probs, self.candidates, cfg.threshold)
         train = self.graph.train
-        votes = propagate_labels(probs, self.adjacency, train, self.graph.labels[train], cfg.pseudo_alpha,
+        base = probs
+        if cfg.pseudo_correct_alpha > 0:
+            base = correct_probabilities(probs, self.adjacency, train, self.graph.labels[train],
+                                         cfg.pseudo_correct_alpha, cfg.propagation_steps, cfg.pseudo_correct_scale)
+        votes = propagate_labels(base, self.adjacency, train, self.graph.labels[train], cfg.pseudo_alpha,
                                  cfg.propagation_steps)
         if cfg.pseudo_selection == "soft":
             return soft_pseudo_labels(votes, self.candidates, cfg.pseudo_temperature)

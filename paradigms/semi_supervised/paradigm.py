@@ -43,11 +43,12 @@ ALL_NODES = 1_000_000
 # in-process, seeds 100-102; the README's "Semi-supervised paradigm" section lists what was tried): every
 # unlabelled node per step (the bank lookup cost barely grows with the batch), neighbour targets sharpened with
 # temperature 0.5, and soft pseudo labels for every unlabelled node: from model step 20 on, the pseudo-label
-# maker propagates the newest model's class probabilities over the graph (personalised PageRank, neighbour
-# weight 0.8, 10 rounds, labelled-train nodes clamped to their labels), sharpens them with temperature 0.6 and
-# writes them to the bank; the trainer distils them with weight 10 (``pseudo_selection="auto"``: the data set's
-# preset, ``graph_pseudo_preset``, which holds those Planetoid values, and on WordNet, where that teacher is
-# right too rarely, class-balanced hard labels instead). ``threshold`` is used only with
+# maker corrects the newest model's class probabilities with its errors on the labelled-train nodes spread over
+# the graph (correct-and-smooth: neighbour weight 0.99, autoscale), propagates them over the graph (personalised
+# PageRank, neighbour weight 0.8, 50 rounds, labelled-train nodes clamped to their labels), sharpens them with
+# temperature 0.6 and writes them to the bank; the trainer distils them with weight 10 (``pseudo_selection="auto"``:
+# the data set's preset, ``graph_pseudo_preset``, which holds those Planetoid values, and on WordNet, where that
+# teacher is right too rarely, class-balanced hard labels instead). ``threshold`` is used only with
 # ``pseudo_selection="threshold"``. GRAPH_WARMUP is the bank variants' ``graph_warmup``.
 GRAPH_WARMUP = 50
 BANK_DEFAULTS: dict[str, Any] = {"unlabelled_batch": ALL_NODES, "neighbour_temperature": 0.5, "graph_warmup": GRAPH_WARMUP,

@@ -11,6 +11,7 @@ from carls_dask.storage.errors import ConfigError, InvalidShapeError
 
 __all__ = [
     "PseudoLabels",
+    "correct_probabilities",
     "normalized_adjacency",
     "propagate_labels",
     "pseudo_label_quality",
@@ -126,6 +127,73 @@ def normalized_adjacency(edges: np.ndarray, n_nodes: int) -> Any:
     deg = np.asarray(a.sum(1)).ravel()
     inv = np.where(deg > 0, 1.0 / np.sqrt(np.maximum(deg, 1e-12)), 0.0).astype(np.float32)
     return sp.diags(inv) @ a @ sp.diags(inv)
+
+
+def correct_probabilities(probs: np.ndarray, adjacency: Any, known: np.ndarray, known_labels: np.ndarray,
+                          alpha: float, iterations: int = 10, scale: float = 0.0) -> np.ndarray:
+    """The "correct" step of correct-and-smooth: the model's errors on known nodes spread to their neighbours.
+
+    The residual ``E0`` is ``onehot(known_labels) - probs`` on the ``known`` rows and 0 elsewhere; it is
+    propagated as ``E <- (1 - alpha) * E0 + alpha * A E`` for ``iterations`` rounds with the known rows
+    clamped to their residual (Huang et al. 2020). The propagated error of the other rows is scaled
+    and added to ``probs``: with ``scale`` 0 ("autoscale") each row is rescaled so that its L1 norm
+    is the mean L1 norm of the known rows' residuals; with ``scale`` > 0 it is multiplied by
+    ``scale``. The sum is clipped at 0 and each row renormalised to sum to 1 (a row that would be
+    all zeros keeps ``probs``); the known rows become their one-hot labels.
+
+    Parameters
+    ----------
+    probs
+        ``float[n, C]`` the model's class probabilities of every node.
+    adjacency
+        ``[n, n]`` normalised adjacency (:func:`normalized_adjacency`).
+    known
+        ``int64[m]`` nodes whose true label is given (the labelled-train split).
+    known_labels
+        ``int64[m]`` their labels.
+    alpha
+        Weight of the neighbours in ``[0, 1)``; 0 returns ``probs`` unchanged.
+    iterations
+        Propagation rounds, >= 0.
+    scale
+        0 for autoscale, else the fixed multiplier (> 0) of the propagated error.
+
+    Raises
+    ------
+    ConfigError
+        For ``alpha`` outside ``[0, 1)``, negative ``iterations`` or negative ``scale``.
+    """
+    if not 0.0 <= float(alpha) < 1.0:
+        raise ConfigError(f"correct step: alpha must be in [0, 1), got {alpha!r}")
+    if int(iterations) < 0:
+        raise ConfigError(f"correct step: iterations must be >= 0, got {iterations!r}")
+    if not float(scale) >= 0.0:
+        raise ConfigError(f"correct step: scale must be >= 0 (0: autoscale), got {scale!r}")
+    if probs.ndim != 2 or adjacency.shape != (probs.shape[0], probs.shape[0]):
+        raise InvalidShapeError(
+            f"correct step: probs {probs.shape} and adjacency {adjacency.shape} must be [n, C] and [n, n]"
+        )
+    p = np.asarray(probs, dtype=np.float32)
+    if float(alpha) == 0.0:
+        return p.copy()
+    known = np.asarray(known, dtype=np.int64)
+    e0 = np.zeros_like(p)
+    e0[known, np.asarray(known_labels, dtype=np.int64)] = 1.0
+    e0[known] -= p[known]
+    e = e0
+    for _ in range(int(iterations)):
+        e = (1.0 - alpha) * e0 + alpha * np.asarray(adjacency @ e, dtype=np.float32)
+        e[known] = e0[known]
+    if float(scale) == 0.0:
+        sigma = float(np.abs(e0[known]).sum(1).mean()) if len(known) else 0.0
+        norm = np.abs(e).sum(1, keepdims=True)
+        e = np.where(norm > 1e-12, e * (sigma / np.maximum(norm, 1e-12)), 0.0)
+    else:
+        e = e * float(scale)
+    out = np.clip(p + e, 0.0, None)
+    out[known] = e0[known] + p[known]
+    total = out.sum(1, keepdims=True)
+    return np.where(total > 1e-12, out / np.maximum(total, 1e-12), p).astype(np.float32)
 
 
 def propagate_labels(probs: np.ndarray, adjacency: Any, known: np.ndarray, known_labels: np.ndarray,

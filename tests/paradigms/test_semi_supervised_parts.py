@@ -22,6 +22,7 @@ from carls_dask.paradigms.semi_supervised.loss import (
 )
 from carls_dask.paradigms.semi_supervised.neighbours import build_neighbour_table
 from carls_dask.paradigms.semi_supervised.pseudo_labels import (
+    correct_probabilities,
     normalized_adjacency,
     propagate_labels,
     pseudo_label_quality,
@@ -224,6 +225,34 @@ def test_propagate_labels_spreads_known_labels_to_neighbours() -> None:
         propagate_labels(probs[:2], adj, np.array([0]), np.array([1]), alpha=0.5)
 
 
+def test_correct_step_spreads_known_errors_to_neighbours() -> None:
+    # path 0-1-2; node 0's true label is 0 but the model says class 1 there and on its neighbour 1
+    adj = normalized_adjacency(np.array([[0, 1], [1, 2]]), 3)
+    probs = np.array([[0.2, 0.8], [0.3, 0.7], [0.5, 0.5]], dtype=np.float32)
+    known, labels = np.array([0]), np.array([0])
+    # residual of node 0: [0.8, -0.8]; one round with alpha 0.5 gives node 1 0.5 * (1 / sqrt 2) of it
+    fixed = correct_probabilities(probs, adj, known, labels, alpha=0.5, iterations=1, scale=1.0)
+    r = 0.5 * 0.8 / np.sqrt(2.0)
+    assert fixed == pytest.approx(np.array([[1.0, 0.0], [0.3 + r, 0.7 - r], [0.5, 0.5]]), abs=1e-6)
+    assert fixed[1].argmax() == 0  # the neighbour's wrong prediction is corrected; node 2 is two hops away
+    # autoscale: node 1's error is scaled up to the known residual's L1 size (1.6), then clipped at 0
+    auto = correct_probabilities(probs, adj, known, labels, alpha=0.5, iterations=1)
+    assert auto == pytest.approx(np.array([[1.0, 0.0], [1.0, 0.0], [0.5, 0.5]]), abs=1e-6)
+    assert np.allclose(auto.sum(1), 1.0)
+    # alpha 0 changes nothing, and neither does a correct step whose known nodes are already right
+    assert correct_probabilities(probs, adj, known, labels, alpha=0.0) == pytest.approx(probs)
+    sure = np.array([[1.0, 0.0], [0.3, 0.7], [0.5, 0.5]], dtype=np.float32)
+    assert correct_probabilities(sure, adj, known, labels, alpha=0.8, iterations=10) == pytest.approx(sure)
+    with pytest.raises(ConfigError, match=r"alpha must be in \[0, 1\), got 1\.0"):
+        correct_probabilities(probs, adj, known, labels, alpha=1.0)
+    with pytest.raises(ConfigError, match=r"scale must be >= 0 \(0: autoscale\), got -1\.0"):
+        correct_probabilities(probs, adj, known, labels, alpha=0.5, scale=-1.0)
+    with pytest.raises(ConfigError, match=r"iterations must be >= 0, got -2"):
+        correct_probabilities(probs, adj, known, labels, alpha=0.5, iterations=-2)
+    with pytest.raises(InvalidShapeError, match=r"adjacency \(3, 3\)"):
+        correct_probabilities(probs[:2], adj, known, labels, alpha=0.5)
+
+
 def test_balanced_pseudo_labels_take_each_class_quota_where_model_and_votes_agree() -> None:
     # candidates 0..7: votes for class 0 on 0-4, class 1 on 5-7; the model disagrees on node 1 and node 5
     vote1 = np.array([0.1, 0.05, 0.2, 0.3, 0.4, 0.9, 0.8, 0.6], dtype=np.float32)
@@ -316,6 +345,10 @@ def test_config_rejects_bad_values() -> None:
         SemiSupervisedConfig(graph_warmup=-5)
     with pytest.raises(ConfigError, match=r"propagation_steps -1"):
         SemiSupervisedConfig(propagation_steps=-1)
+    with pytest.raises(ConfigError, match=r"pseudo_correct_alpha 1\.0, expected a value in \[0, 1\)"):
+        SemiSupervisedConfig(pseudo_correct_alpha=1.0)
+    with pytest.raises(ConfigError, match=r"pseudo_correct_scale -0\.5, expected >= 0"):
+        SemiSupervisedConfig(pseudo_correct_scale=-0.5)
 
 
 def test_core_variants_train_and_bank_mode_uses_the_given_neighbours(cora) -> None:  # type: ignore[no-untyped-def]

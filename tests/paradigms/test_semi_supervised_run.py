@@ -150,6 +150,8 @@ def test_settings_variants_and_options() -> None:
         "balanced", 0.5, 0.4, 50, False)
     assert PARADIGM.settings(None, {"dataset": "wordnet", "pseudo_weight": "2"}).pseudo_weight == 2.0
     assert (bank.pseudo_temperature, bank.pseudo_alpha, wn.pseudo_alpha) == (0.6, 0.8, 0.9)
+    assert (bank.pseudo_correct_alpha, bank.pseudo_correct_scale, bank.propagation_steps) == (0.99, 0.0, 50)
+    assert (wn.pseudo_correct_alpha, wn.propagation_steps) == (0.0, 10)  # no correct step on WordNet
     kept = PARADIGM.settings(None, {"pseudo_temperature": "0.3"})  # a field set by hand keeps its value
     assert (kept.pseudo_temperature, kept.pseudo_alpha) == (0.3, 0.8)
     assert PARADIGM.settings(None, {"dataset": "cora", "pseudo_selection": "balanced"}).pseudo_weight == 0.5
