@@ -7,6 +7,7 @@ commits a new snapshot (with more rows) every period until killed, and appends m
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import time
 
@@ -158,7 +159,9 @@ def main() -> None:
                       pacing=min(1.0, step / 500), admitted_fraction=min(1.0, step / 520), train_loss=1.0 / step,
                       **{"trainer.loss": 1.0 / step, "trainer.val_acc": 1.0 - 1.0 / step, "labeller.staleness_s": 0.1 * i})
         writer.flush()
-        (args.run / "writer.progress").write_text(f"{step} {rows}\n")
+        # written aside and renamed, so a reader never sees the file empty between truncation and write
+        (args.run / "writer.progress.tmp").write_text(f"{step} {rows}\n")
+        os.replace(args.run / "writer.progress.tmp", args.run / "writer.progress")
         time.sleep(args.period)
 
 
