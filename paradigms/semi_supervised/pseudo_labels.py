@@ -129,6 +129,17 @@ def normalized_adjacency(edges: np.ndarray, n_nodes: int) -> Any:
     return sp.diags(inv) @ a @ sp.diags(inv)
 
 
+def _clamped_propagation(x0: np.ndarray, adjacency: Any, known: np.ndarray, alpha: float,
+                         iterations: int) -> np.ndarray:
+    """``X <- (1 - alpha) * X0 + alpha * A X`` for ``iterations`` rounds, the ``known`` rows kept at ``X0``'s
+    (personalised-PageRank propagation with clamped rows)."""
+    x = x0
+    for _ in range(int(iterations)):
+        x = (1.0 - alpha) * x0 + alpha * np.asarray(adjacency @ x, dtype=np.float32)
+        x[known] = x0[known]
+    return x
+
+
 def correct_probabilities(probs: np.ndarray, adjacency: Any, known: np.ndarray, known_labels: np.ndarray,
                           alpha: float, iterations: int = 10, scale: float = 0.0) -> np.ndarray:
     """The "correct" step of correct-and-smooth: the model's errors on known nodes spread to their neighbours.
@@ -180,10 +191,7 @@ def correct_probabilities(probs: np.ndarray, adjacency: Any, known: np.ndarray, 
     e0 = np.zeros_like(p)
     e0[known, np.asarray(known_labels, dtype=np.int64)] = 1.0
     e0[known] -= p[known]
-    e = e0
-    for _ in range(int(iterations)):
-        e = (1.0 - alpha) * e0 + alpha * np.asarray(adjacency @ e, dtype=np.float32)
-        e[known] = e0[known]
+    e = _clamped_propagation(e0, adjacency, known, alpha, iterations)
     if float(scale) == 0.0:
         sigma = float(np.abs(e0[known]).sum(1).mean()) if len(known) else 0.0
         norm = np.abs(e).sum(1, keepdims=True)
@@ -230,10 +238,7 @@ def propagate_labels(probs: np.ndarray, adjacency: Any, known: np.ndarray, known
     f0 = np.asarray(probs, dtype=np.float32).copy()
     f0[known] = 0.0
     f0[known, np.asarray(known_labels, dtype=np.int64)] = 1.0
-    f = f0
-    for _ in range(int(iterations)):
-        f = (1.0 - alpha) * f0 + alpha * np.asarray(adjacency @ f, dtype=np.float32)
-        f[known] = f0[known]
+    f = _clamped_propagation(f0, adjacency, known, alpha, iterations)
     total = f.sum(1, keepdims=True)
     return np.where(total > 0, f / np.maximum(total, 1e-12), f0).astype(np.float32)
 
