@@ -10,8 +10,8 @@ and, per epoch, the training images it trains on or scores (augmented when ``set
   each epoch's augmented images, filled once by a producer thread in that loop's process; the other
   loops on the node attach to it and read views of it. Augmentation is a pure function of
   (seed, epoch, example), so both ways give the same images and the same run.
-- ``shared_loading="auto"`` (the default) is shared loading when the run has makers and the node has
-  a writable ``/dev/shm``, and separate loading otherwise, or when the node's shared memory cannot
+- ``shared_loading="auto"`` (the default) is shared loading when the run augments and has makers (the
+  per-epoch augmentation is what sharing saves) and the node has a writable ``/dev/shm``, and separate loading otherwise, or when the node's shared memory cannot
   hold the loader (a warning says so); with ``"on"`` those are errors.
 
 The loop that created the loader keeps it open after it ends, until the last loop reading it left.
@@ -186,7 +186,7 @@ class CurriculumFeed:
         if s.shared_loading == "off":
             return False
         if shared_memory_available():
-            return s.shared_loading == "on" or (s.uses_bank and s.makers > 0)
+            return s.shared_loading == "on" or (s.augment and s.uses_bank and s.makers > 0)
         if s.shared_loading == "on":
             raise ConfigError(f"{self.loop}: shared_loading='on', but this node has no writable {SHM_DIR}; "
                               "expected a Linux node, or shared_loading 'auto' or 'off'")

@@ -120,8 +120,8 @@ class CurriculumSettings:
         ``"auto"`` (the default), ``"on"`` or ``"off"`` (``True`` and ``False`` stand for ``"on"`` and
         ``"off"``). With ``"on"``, the loops on one node read the data and each epoch's augmented images
         from one shared loader (:mod:`carls_dask.loading.shared`) instead of each loading and augmenting
-        its own; the run's results are the same. ``"auto"`` does so when the run has makers (more than
-        one loop reads the data) and the node has a writable ``/dev/shm``, and loads separately, with
+        its own; the run's results are the same. ``"auto"`` does so when the run augments and has makers
+        (more than one loop transforms the same images) and the node has a writable ``/dev/shm``, and loads separately, with
         a warning, when the node's shared memory cannot hold the loader; ``"on"`` makes either an error.
     """
 

@@ -164,17 +164,20 @@ def test_shared_loading_is_auto_by_default_and_spellings_name_the_three_modes() 
 
 @pytest.mark.timeout(120)
 def test_auto_shares_the_data_of_a_run_with_makers_and_not_of_one_without() -> None:
-    """The default: a run whose makers read the data shares one loader; a uniform run (the trainer alone) does not."""
+    """The default: a run whose makers read the augmented images shares one loader; a uniform run (the trainer
+    alone) and a run without augmentation do not."""
     res = run_inline(Curriculum(), _settings())
     modes = {name: r.value["loading"] for name, r in res.results.items()}
     assert sorted(modes.values()) == ["produced", "shared", "shared"], modes
     _cleaned_up(_settings())
     alone = dataclasses.replace(_settings(), pacing="uniform", clean="none")
-    feed = CurriculumFeed(alone, "trainer")
-    try:
-        assert feed.mode == "separate" and not _leftovers(alone)
-    finally:
-        feed.close()
+    plain = dataclasses.replace(_settings(), augment=False)
+    for settings in (alone, plain):
+        feed = CurriculumFeed(settings, "trainer")
+        try:
+            assert feed.mode == "separate" and not _leftovers(settings)
+        finally:
+            feed.close()
 
 
 def test_auto_loads_separately_without_shared_memory_and_on_is_an_error(monkeypatch: pytest.MonkeyPatch,
