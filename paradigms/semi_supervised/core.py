@@ -83,7 +83,9 @@ class SemiSupervisedConfig:
         0.6, neighbour weight 0.8, a correct step with neighbour weight 0.99 (autoscale) and 50 propagation
         rounds on Cora and CiteSeer; ``balanced`` with weight 0.5, fraction 0.4, ramp 50
         and no agreement test on WordNet). The preset fills the fields left at their defaults: a field set to
-        another value keeps it.
+        another value keeps it, but one set to its default value (e.g. ``pseudo_alpha=0.9``) cannot be
+        told from an unset one and takes the preset's value; to run such a value, give
+        ``pseudo_selection="soft"`` (or ``"balanced"``) and the other fields explicitly.
     pseudo_fraction
         Share of the unlabelled nodes that may get a pseudo label (``balanced``).
     pseudo_alpha
