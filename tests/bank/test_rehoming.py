@@ -283,7 +283,7 @@ def lifetime_handover(client: Any, leaves: str, stays: str, root: pathlib.Path, 
         time.sleep(0.05)
     gone_at = time.time()
     stats = bank.stats()["rehoming"]
-    assert stats["count"] == 1
+    assert stats["count"] == 1, f"{i} writes, {leaves} gone, workers now {workers(client)}, re-homing {stats}"
     event = stats["events"][0]
     assert event["from"] == leaves and event["to"] == stays and event["reason"] == "worker lifetime ends"
     assert event["time"] < gone_at  # handed over while the worker was still up
@@ -304,7 +304,6 @@ def test_a_worker_at_its_lifetime_hands_its_shard_over_before_it_goes(tmp_path: 
     conf = {"carls.bank.rehome-timeout": f"{REHOME_TIMEOUT:g}s", "carls.bank.walltime-margin": "10s"}
     with dask.config.set(conf), LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
                                              dashboard_address=":0") as cluster, Client(cluster) as client:
-        (stays,) = workers(client)
         proc = subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address, "--nthreads", "1",
              "--no-dashboard", "--host", "127.0.0.1", "--lifetime", "25s", "--name", "walltime"],
@@ -312,7 +311,13 @@ def test_a_worker_at_its_lifetime_hands_its_shard_over_before_it_goes(tmp_path: 
         )
         try:
             client.wait_for_workers(2, timeout=60)
-            (leaves,) = [w for w in workers(client) if w != stays]
+            # pick both by name, after both have registered: an address read earlier can be stale if the
+            # cluster's own worker re-registers while it starts
+            names = {a: w["name"] for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+            (leaves,) = [a for a, name in names.items() if name == "walltime"]
+            others = [a for a in names if a != leaves]
+            assert len(others) == 1, f"expected the cluster's one worker beside 'walltime', got {names}"
+            (stays,) = others
             lifetime_handover(client, leaves, stays, tmp_path / "bank", timeout=90)
             assert proc.wait(timeout=60) == 0  # the worker closed gracefully
         finally:
