@@ -30,10 +30,11 @@ from carls_dask.paradigms.semi_supervised.model import MLP
 from carls_dask.paradigms.semi_supervised.neighbours import NeighbourTable, build_neighbour_table
 from carls_dask.storage.errors import ConfigError, InvalidShapeError
 
-__all__ = ["MAKER_REFRESH", "MODES", "PSEUDO_SELECTIONS", "NodeClassifierCore", "SemiSupervisedConfig", "expand_neighbour_rows"]
+__all__ = ["MAKER_REFRESH", "MODES", "PSEUDO_SELECTIONS", "PSEUDO_TEACHERS", "NodeClassifierCore", "SemiSupervisedConfig", "expand_neighbour_rows"]
 
 MODES = ("base", "in-graph", "bank")
 PSEUDO_SELECTIONS = ("threshold", "balanced", "soft", "auto")
+PSEUDO_TEACHERS = ("student", "graph")
 #: What the neighbour maker re-scores each round (see :attr:`SemiSupervisedConfig.maker_refresh`).
 MAKER_REFRESH = ("full", "changes")
 
@@ -104,6 +105,17 @@ class SemiSupervisedConfig:
     pseudo_correct_scale
         Multiplier of the spread errors in the correct step; 0: autoscale (each row scaled to the mean
         size of the labelled-train errors).
+    pseudo_teacher
+        Whose class probabilities the pseudo labels come from: ``"student"`` (the newest model
+        version, corrected and propagated as above) or ``"graph"`` (a separate graph model the maker
+        trains once from the labelled-train nodes and the graph, with random propagation and
+        consistency regularisation, see :mod:`~carls_dask.paradigms.semi_supervised.teacher`; its
+        probabilities take the place of the votes: the correct step and the propagation do not
+        apply, the sharpening with ``pseudo_temperature`` does). The trainer stays an MLP at inference
+        either way. ``None``: ``"graph"`` on CiteSeer under ``pseudo_selection="auto"``, else ``"student"``
+        (an explicit value is kept).
+    teacher_epochs
+        Training steps of the ``"graph"`` teacher.
     propagation_steps
         Rounds of the label propagation that makes the votes (``balanced`` and ``soft``), and of the
         correct step.
@@ -166,6 +178,8 @@ class SemiSupervisedConfig:
     pseudo_confidence_weight: bool = False
     pseudo_correct_alpha: float = 0.0
     pseudo_correct_scale: float = 0.0
+    pseudo_teacher: str | None = None
+    teacher_epochs: int = 400
     propagation_steps: int = 10
     graph_warmup: int = 0
     pseudo_warmup: int = 0
@@ -191,6 +205,8 @@ class SemiSupervisedConfig:
                     setattr(self, name, value)
         if self.pseudo_weight is None:
             self.pseudo_weight = 10.0 if self.pseudo_selection == "soft" else 0.5
+        if self.pseudo_teacher is None:
+            self.pseudo_teacher = "student"
         checks: Sequence[tuple[bool, str]] = (
             (self.mode in MODES, f"mode {self.mode!r}, expected one of {MODES}"),
             (self.distance in DISTANCES, f"distance {self.distance!r}, expected one of {DISTANCES}"),
@@ -218,6 +234,9 @@ class SemiSupervisedConfig:
              f"pseudo_correct_alpha {self.pseudo_correct_alpha!r}, expected a value in [0, 1)"),
             (self.pseudo_correct_scale >= 0,
              f"pseudo_correct_scale {self.pseudo_correct_scale!r}, expected >= 0 (0: autoscale)"),
+            (self.pseudo_teacher in PSEUDO_TEACHERS,
+             f"pseudo_teacher {self.pseudo_teacher!r}, expected one of {PSEUDO_TEACHERS}"),
+            (int(self.teacher_epochs) >= 1, f"teacher_epochs {self.teacher_epochs!r}, expected an integer >= 1"),
             (int(self.propagation_steps) >= 0,
              f"propagation_steps {self.propagation_steps!r}, expected an integer >= 0"),
             (int(self.graph_warmup) >= 0, f"graph_warmup {self.graph_warmup!r}, expected an integer >= 0"),

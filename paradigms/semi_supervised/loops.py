@@ -398,6 +398,16 @@ class PseudoLabelMaker(_ModelMaker):
         # the labels given so far: none in a new bank; after a restart, those the bank holds
         self.current = np.sort(np.asarray(ctx.bank.keys(PSEUDO_TABLE), dtype=np.int64))
         self.adjacency = normalized_adjacency(self.graph.edges, self.graph.n_nodes)
+        self.teacher: np.ndarray | None = None
+        self.teacher_written = False
+        if self.config.pseudo_teacher == "graph":
+            from carls_dask.paradigms.semi_supervised.teacher import GraphTeacherSettings, train_graph_teacher
+
+            g = self.graph
+            self.teacher, info = train_graph_teacher(
+                g.features, g.edges, g.train, g.labels, g.val,
+                GraphTeacherSettings(epochs=int(self.config.teacher_epochs)), seed=int(self.config.seed))
+            self.teacher_val_acc = float(info["val_acc"])
 
     def fraction_at(self, step: int) -> float:
         """Share of the candidates that may be labelled at model step ``step`` (``balanced``)."""
@@ -415,14 +425,17 @@ class PseudoLabelMaker(_ModelMaker):
             return PseudoLabels(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
                                 np.zeros(0, dtype=np.float32), len(self.candidates))
         if cfg.pseudo_selection == "threshold":
-            return select_pseudo_labels(probs, self.candidates, cfg.threshold)
+            return select_pseudo_labels(probs if self.teacher is None else self.teacher, self.candidates, cfg.threshold)
         train = self.graph.train
-        base = probs
-        if cfg.pseudo_correct_alpha > 0:
-            base = correct_probabilities(probs, self.adjacency, train, self.graph.labels[train],
-                                         cfg.pseudo_correct_alpha, cfg.propagation_steps, cfg.pseudo_correct_scale)
-        votes = propagate_labels(base, self.adjacency, train, self.graph.labels[train], cfg.pseudo_alpha,
-                                 cfg.propagation_steps)
+        if self.teacher is not None:
+            votes = self.teacher
+        else:
+            base = probs
+            if cfg.pseudo_correct_alpha > 0:
+                base = correct_probabilities(probs, self.adjacency, train, self.graph.labels[train],
+                                             cfg.pseudo_correct_alpha, cfg.propagation_steps, cfg.pseudo_correct_scale)
+            votes = propagate_labels(base, self.adjacency, train, self.graph.labels[train], cfg.pseudo_alpha,
+                                     cfg.propagation_steps)
         if cfg.pseudo_selection == "soft":
             return soft_pseudo_labels(votes, self.candidates, cfg.pseudo_temperature)
         return select_balanced_pseudo_labels(probs, votes, self.candidates, self.fraction_at(step),
@@ -435,7 +448,9 @@ class PseudoLabelMaker(_ModelMaker):
         _, logits = self._forward()
         probs = torch.softmax(torch.from_numpy(logits), dim=1).numpy()
         chosen = self.choose(probs, int(version.step))
-        if len(chosen.keys):
+        # a graph teacher's soft targets do not change between rounds: written once, kept after
+        unchanged = self.teacher_written and self.config.pseudo_selection == "soft"
+        if len(chosen.keys) and not unchanged:
             self.ctx.bank.update(PSEUDO_TABLE, chosen.keys, {"pseudo_label": chosen.labels,
                                                              "confidence": chosen.confidence,
                                                              "target": chosen.target_rows(self.graph.n_classes)},
@@ -444,6 +459,10 @@ class PseudoLabelMaker(_ModelMaker):
         if len(dropped):
             self.ctx.bank.delete(PSEUDO_TABLE, dropped)
         self.current = chosen.keys
+        self.teacher_written = self.teacher is not None and bool(len(chosen.keys))
         q = pseudo_label_quality(chosen, self.graph.labels)
-        return {"pl_precision": q["precision"], "pl_coverage": q["coverage"], "pl_count": q["count"],
-                "pl_dropped": float(len(dropped))}
+        out = {"pl_precision": q["precision"], "pl_coverage": q["coverage"], "pl_count": q["count"],
+               "pl_dropped": float(len(dropped))}
+        if self.teacher is not None:
+            out["teacher_val_acc"] = self.teacher_val_acc
+        return out

@@ -15,20 +15,11 @@ import dask
 import numpy as np
 import pytest
 
-from carls_dask.paradigms.data.planetoid import find_data_dir
 from carls_dask.paradigms.semi_supervised.paradigm import ALL_NODES, SemiSupervised
 from carls_dask.runtime import run_inline, run_paradigm
-from carls_dask.storage.errors import ConfigError, StoreNotFoundError
+from carls_dask.storage.errors import ConfigError
 
 PARADIGM = SemiSupervised()
-
-
-@pytest.fixture(scope="module")
-def data_dir() -> pathlib.Path:
-    try:
-        return find_data_dir()
-    except StoreNotFoundError as exc:
-        pytest.skip(f"the Planetoid files are not present: {exc}")
 
 
 def test_bank_and_soft_pseudo_labels_beat_the_base_mlp_by_fifteen_points(data_dir: pathlib.Path) -> None:
@@ -152,6 +143,10 @@ def test_settings_variants_and_options() -> None:
     assert (bank.pseudo_temperature, bank.pseudo_alpha, wn.pseudo_alpha) == (0.6, 0.8, 0.9)
     assert (bank.pseudo_correct_alpha, bank.pseudo_correct_scale, bank.propagation_steps) == (0.99, 0.0, 50)
     assert (wn.pseudo_correct_alpha, wn.propagation_steps) == (0.0, 10)  # no correct step on WordNet
+    # CiteSeer's preset is Cora's with the graph teacher; Cora and WordNet keep the student as teacher
+    cs = PARADIGM.settings(None, {"dataset": "citeseer"})
+    assert (cs.pseudo_teacher, cs.pseudo_temperature, cs.pseudo_weight) == ("graph", 0.6, 10.0)
+    assert bank.pseudo_teacher == wn.pseudo_teacher == "student"
     kept = PARADIGM.settings(None, {"pseudo_temperature": "0.3"})  # a field set by hand keeps its value
     assert (kept.pseudo_temperature, kept.pseudo_alpha) == (0.3, 0.8)
     assert PARADIGM.settings(None, {"dataset": "cora", "pseudo_selection": "balanced"}).pseudo_weight == 0.5
