@@ -102,7 +102,7 @@ def pseudo_label_quality(labels: PseudoLabels, truth: np.ndarray) -> dict[str, f
     }
 
 
-def normalized_adjacency(edges: np.ndarray, n_nodes: int) -> Any:
+def normalized_adjacency(edges: np.ndarray, n_nodes: int, *, self_loops: bool = False) -> Any:
     """The symmetric normalised adjacency ``D^-1/2 A D^-1/2`` of an undirected graph (scipy CSR).
 
     Parameters
@@ -110,7 +110,10 @@ def normalized_adjacency(edges: np.ndarray, n_nodes: int) -> Any:
     edges
         ``int64[2, m]`` node pairs, each undirected edge listed once or twice (duplicates count once).
     n_nodes
-        Number of nodes; isolated nodes get an empty row.
+        Number of nodes; isolated nodes get an empty row (with ``self_loops`` only their own entry).
+    self_loops
+        Normalise ``A + I`` instead (every node its own neighbour, as GCN-style propagation does);
+        self loops among ``edges`` are dropped either way.
     """
     import scipy.sparse as sp
 
@@ -124,6 +127,8 @@ def normalized_adjacency(edges: np.ndarray, n_nodes: int) -> Any:
     keep = src != dst
     a = sp.coo_matrix((np.ones(int(keep.sum()), dtype=np.float32), (src[keep], dst[keep])), shape=(n_nodes, n_nodes)).tocsr()
     a.data[:] = 1.0  # duplicates summed by tocsr count once
+    if self_loops:
+        a = (a + sp.identity(n_nodes, dtype=np.float32, format="csr")).tocsr()
     deg = np.asarray(a.sum(1)).ravel()
     inv = np.where(deg > 0, 1.0 / np.sqrt(np.maximum(deg, 1e-12)), 0.0).astype(np.float32)
     return sp.diags(inv) @ a @ sp.diags(inv)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.paradigms.semi_supervised.pseudo_labels import normalized_adjacency
 from carls_dask.storage.errors import ConfigError, InvalidShapeError
 
 __all__ = ["GraphTeacherSettings", "train_graph_teacher"]
@@ -84,17 +85,13 @@ class GraphTeacherSettings:
                 raise ConfigError(f"graph teacher: {msg}")
 
 
-def _self_loop_adjacency(edges: np.ndarray, n_nodes: int) -> Any:
-    """``D^-1/2 (A + I) D^-1/2`` as a torch sparse tensor."""
+def _torch_adjacency(edges: np.ndarray, n_nodes: int) -> Any:
+    """``D^-1/2 (A + I) D^-1/2`` (:func:`normalized_adjacency` with self loops) as a torch sparse tensor."""
     import torch
 
-    src = np.concatenate([edges[0], edges[1], np.arange(n_nodes)])
-    dst = np.concatenate([edges[1], edges[0], np.arange(n_nodes)])
-    idx = np.unique(np.stack([src, dst]), axis=1)
-    deg = np.bincount(idx[0], minlength=n_nodes).astype(np.float64)
-    inv = 1.0 / np.sqrt(deg)
-    values = (inv[idx[0]] * inv[idx[1]]).astype(np.float32)
-    return torch.sparse_coo_tensor(torch.from_numpy(idx), torch.from_numpy(values), (n_nodes, n_nodes),
+    a = normalized_adjacency(edges, n_nodes, self_loops=True).tocoo()
+    idx = torch.from_numpy(np.stack([a.row, a.col]).astype(np.int64))
+    return torch.sparse_coo_tensor(idx, torch.from_numpy(a.data.astype(np.float32)), (n_nodes, n_nodes),
                                    check_invariants=True).coalesce()
 
 
@@ -149,7 +146,7 @@ def train_graph_teacher(features: np.ndarray, edges: np.ndarray, train: np.ndarr
     n_classes = int(labels[np.concatenate([train, val])].max()) + 1
     gen = torch.Generator().manual_seed(int(seed))
     torch.manual_seed(int(seed))
-    adj = _self_loop_adjacency(edges, n)
+    adj = _torch_adjacency(edges, n)
     xt = torch.from_numpy(x)
     if (x == 0).mean() > 0.9:  # bag-of-words features: project them as a sparse matrix
         xt = xt.to_sparse()
@@ -160,6 +157,9 @@ def train_graph_teacher(features: np.ndarray, edges: np.ndarray, train: np.ndarr
     opt = torch.optim.Adam(params, lr=float(s.lr), weight_decay=float(s.weight_decay))
     y_train, y_val = torch.from_numpy(labels[train]), labels[val]
     t_train = torch.from_numpy(train)
+
+    def project() -> Any:
+        return torch.sparse.mm(xt, proj.weight.T) if xt.is_sparse else proj(xt)
 
     def propagate(h: Any) -> Any:
         out = h
@@ -175,7 +175,7 @@ def train_graph_teacher(features: np.ndarray, edges: np.ndarray, train: np.ndarr
     best: tuple[float, int, np.ndarray | None] = (-1.0, -1, None)
     keep = 1.0 - float(s.dropnode)
     for epoch in range(int(s.epochs)):
-        z = torch.sparse.mm(xt, proj.weight.T) if xt.is_sparse else proj(xt)
+        z = project()
         views = []
         for _ in range(int(s.views)):
             mask = torch.bernoulli(torch.full((n, 1), keep), generator=gen) / keep
@@ -190,8 +190,7 @@ def train_graph_teacher(features: np.ndarray, edges: np.ndarray, train: np.ndarr
         loss.backward()
         opt.step()
         with torch.no_grad():
-            z = torch.sparse.mm(xt, proj.weight.T) if xt.is_sparse else proj(xt)
-            out = torch.softmax(classify(z, False), dim=1)
+            out = torch.softmax(classify(project(), False), dim=1)
         acc = float((out[torch.from_numpy(val)].argmax(1).numpy() == y_val).mean()) if len(val) else 0.0
         if acc >= best[0]:
             best = (acc, epoch, out.numpy().astype(np.float32))

@@ -204,6 +204,11 @@ def test_normalized_adjacency_is_symmetric_and_counts_duplicate_edges_once() -> 
     a = normalized_adjacency(np.array([[0, 1, 1, 2], [1, 0, 2, 2]]), 4).toarray()
     s2 = 1 / np.sqrt(2)
     assert a == pytest.approx(np.array([[0, s2, 0, 0], [s2, 0, s2, 0], [0, s2, 0, 0], [0, 0, 0, 0]]))
+    # with self loops: A + I normalised (degrees 2, 3, 2, 1), the listed self loop on 2 not counted twice
+    b = normalized_adjacency(np.array([[0, 1, 1, 2], [1, 0, 2, 2]]), 4, self_loops=True).toarray()
+    d = np.array([2.0, 3.0, 2.0, 1.0])
+    expected = (np.eye(4) + np.array([[0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 0]])) / np.sqrt(np.outer(d, d))
+    assert b == pytest.approx(expected)
     with pytest.raises(InvalidShapeError, match=r"\[0, 4\)"):
         normalized_adjacency(np.array([[0], [4]]), 4)
     with pytest.raises(InvalidShapeError, match=r"\[2, m\]"):
