@@ -30,11 +30,21 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 def app_path() -> pathlib.Path:
-    """Where ``dashboards/app.py`` is (located without importing the dashboards package)."""
-    spec = importlib.util.find_spec("dashboards")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("the 'dashboards' package is not installed; expected it beside carls_dask")
-    return pathlib.Path(next(iter(spec.submodule_search_locations))) / "app.py"
+    """Where the Panel app of :mod:`carls_dask.dashboards` is (located without importing the package).
+
+    Raises
+    ------
+    ConfigError
+        If the installation holds no ``carls_dask/dashboards/app.py``.
+    """
+    spec = importlib.util.find_spec("carls_dask.dashboards")
+    locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+    for folder in locations:
+        app = pathlib.Path(folder) / "app.py"
+        if app.is_file():
+            return app
+    raise ConfigError(f"the dashboard app carls_dask/dashboards/app.py is not installed (looked in {locations}); "
+                      "expected it in the carls-dask installation: reinstall carls-dask")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

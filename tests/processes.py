@@ -1,4 +1,5 @@
-"""Helpers for tests that start server processes: a free local port, a bounded stop, and a bounded wait."""
+"""Helpers for tests that start processes: the installed console script, a free local port, a bounded stop, and a
+bounded wait."""
 
 from __future__ import annotations
 
@@ -6,9 +7,24 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+#: The ``carls-dask`` console script of this environment: what a user runs after installing the package.
+CARLS_DASK = os.path.join(os.path.dirname(sys.executable), "carls-dask")
+
+
+def console_env(**extra: str) -> dict[str, str]:
+    """The environment a user's shell gives the console script: this one without ``PYTHONPATH``, plus ``extra``.
+
+    Tests that run a command run :data:`CARLS_DASK` with this environment from a folder outside the
+    checkout, so the command finds its modules through the installation alone.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(extra)
+    return env
 
 
 def free_port() -> int:

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import pathlib
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +26,7 @@ from carls_dask.errors import CarlsError, ConfigError, CorruptStoreError
 from carls_dask.storage.bankview import open_bank
 from carls_dask.storage.deltalog import replay
 from carls_dask.storage.snapshots import read_snapshot
+from tests.processes import CARLS_DASK, console_env
 from tests.storage.test_bank_cli import _store
 
 COUNTS: collections.Counter[str] = collections.Counter()
@@ -248,8 +247,8 @@ def test_bad_settings_from_the_environment_are_refused(pristine: pathlib.Path, t
     shutil.copytree(pristine, store)
     before = _files(store)
     COUNTS["config/environment"] += 1
-    proc = subprocess.run([sys.executable, "-m", "carls_dask.cli", *[a.format(store=store) for a in argv]],
-                          env={**os.environ, **env}, cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([CARLS_DASK, *[a.format(store=store) for a in argv]],
+                          env=console_env(**env), cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert _files(store) == before

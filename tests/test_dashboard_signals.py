@@ -6,18 +6,15 @@ import os
 import pathlib
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
 
 from tests.dashboards.runfolder import nodes, write_snapshot, write_truth
-from tests.processes import free_port, group_members, port_open, stop_process
+from tests.processes import CARLS_DASK, console_env, free_port, group_members, port_open, stop_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-#: The console script of this environment (what a user runs).
-CARLS_DASK = pathlib.Path(sys.executable).parent / "carls-dask"
 #: Seconds for the server to import Panel and answer (2 shared cores, cold imports).
 START_DEADLINE = 180.0
 #: Seconds the server is given to close its port and end, and everything it started with it, after the signal.
@@ -36,13 +33,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 def _start(run: pathlib.Path, log: pathlib.Path) -> tuple[subprocess.Popen[bytes], int]:
     """Start ``carls-dask dashboard RUN`` in a session of its own; returns it and its port once the port is open."""
-    assert CARLS_DASK.exists(), f"console script {CARLS_DASK} is missing: install the package (pip install -e .)"
+    assert os.path.exists(CARLS_DASK), f"console script {CARLS_DASK} is missing: install the package (pip install -e .)"
     port = free_port()
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [str(CARLS_DASK), "dashboard", str(run), "--port", str(port), "--refresh", "0.5s"],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            env=dict(os.environ, PYTHONPATH=str(ROOT), DASK_CARLS__DASHBOARD__PLOT_REFRESH="1s"), cwd=ROOT,
+            env=console_env(DASK_CARLS__DASHBOARD__PLOT_REFRESH="1s"), cwd=log.parent,
         )
     deadline = time.monotonic() + START_DEADLINE
     while not port_open(port):

@@ -54,6 +54,39 @@ def test_notebook_names_import_from_the_package_root() -> None:
         carls_dask.Nonesuch  # noqa: B018
 
 
+def test_each_module_has_one_real_path() -> None:
+    """No links in the package folders; the installation maps each package name to its folder in the checkout."""
+    import tomllib
+
+    links = [str(p.relative_to(ROOT)) for top in ("carls_dask", *SUBPACKAGES) for p in (ROOT / top).rglob("*")
+             if p.is_symlink()]
+    assert not links, f"links in the package folders (each file must have one path): {links}"
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {"carls_dask": ROOT / "carls_dask", **{f"carls_dask.{s}": ROOT / s for s in SUBPACKAGES}}
+    assert tool["package-dir"] == {k: str(v.relative_to(ROOT)) for k, v in folders.items()}
+    found = sorted(
+        name + "".join(f".{part}" for part in init.parent.relative_to(folder).parts)
+        for name, folder in folders.items() for init in folder.rglob("__init__.py")
+    )
+    assert sorted(tool["packages"]) == found, "pyproject.toml [tool.setuptools] packages must list every package folder"
+    # the editable install, from a folder outside the checkout, with no PYTHONPATH
+    code = (
+        "import importlib, importlib.util, json, sys\n"
+        f"names = {found!r}\n"
+        "print(json.dumps({n: importlib.import_module(n).__file__ for n in names}))\n"
+        "assert all(importlib.util.find_spec(t) is None for t in ('storage', 'paradigms', 'dashboards'))\n"
+    )
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    files = json.loads(_run([sys.executable, "-c", code], cwd=pathlib.Path("/"), env=env))
+    for name, file in files.items():
+        parts = name.split(".")
+        top = ROOT / (parts[1] if len(parts) > 1 and parts[1] in SUBPACKAGES else "carls_dask")
+        rel = parts[2:] if top.name in SUBPACKAGES else parts[1:]
+        assert pathlib.Path(file) == top.joinpath(*rel, "__init__.py"), (name, file)
+
+
 def test_no_module_imports_the_old_top_level_names() -> None:
     pattern = r"^\s*(from|import) (storage|paradigms|dashboards)\b"
     proc = subprocess.run(

@@ -15,7 +15,7 @@ from carls_dask.bank import Column, TableSpec
 from carls_dask.errors import ConfigError
 from carls_dask.runtime.clusters import make_security
 from carls_dask.runtime.workbench import Workbench
-from tests.processes import free_port, stop_process
+from tests.processes import CARLS_DASK, console_env, free_port, stop_process
 
 CONNECT_DEADLINE = 5.0
 
@@ -180,14 +180,12 @@ def test_cluster_scheduler_workers_and_dask_dashboard_listen_on_localhost() -> N
 
 
 def _serve_and_read_interface(tmp_path: pathlib.Path, *extra: str, env: dict[str, str] | None = None) -> str:
-    import os
     import subprocess
-    import sys
 
     port = free_port()
-    cmd = [sys.executable, "-m", "carls_dask.cli", "dashboard", str(tmp_path / "run"), "--port", str(port), *extra]
+    cmd = [CARLS_DASK, "dashboard", str(tmp_path / "run"), "--port", str(port), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, **(env or {})})
+                            env=console_env(**(env or {})), cwd=tmp_path)
     try:
         import psutil
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import pathlib
 
 import numpy as np
@@ -325,8 +324,6 @@ print(json.dumps({"before": before, "after": after, "tabs": dash.tab_names}))
 def test_dashboard_shows_inline_and_updates_live_in_a_jupyter_kernel_while_a_workbench_runs(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    root = pathlib.Path(__file__).resolve().parents[2]  # the kernel imports this checkout's carls_dask
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.v4.new_notebook()

@@ -99,7 +99,7 @@ def wait_text(page: Page, pattern: str, timeout: float) -> None:
 def serve_dashboard(runs: Sequence[pathlib.Path], log: pathlib.Path, **env_overrides: str) -> Iterator[str]:
     """Serve the dashboard of ``runs`` with ``panel serve dashboards/app.py``; yields the page's URL, stops the server after."""
     port = free_port()
-    env = dict(os.environ, DASK_CARLS__DASHBOARD__REFRESH="0.5s", PYTHONPATH=str(ROOT), **env_overrides)
+    env = dict(os.environ, DASK_CARLS__DASHBOARD__REFRESH="0.5s", **env_overrides)
     cmd = [
         sys.executable, "-m", "panel", "serve", str(ROOT / "dashboards" / "app.py"),
         "--address", "127.0.0.1", "--port", str(port), "--allow-websocket-origin", f"127.0.0.1:{port}",
@@ -159,7 +159,6 @@ def start_writer(tmp_path: pathlib.Path, *args: str) -> tuple[pathlib.Path, subp
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.dashboards.runfolder", str(run), "--period", "0.7", *args],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp_path / "writer.log").open("wb"),
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
     deadline = time.monotonic() + 120
     while not (run / "writer.progress").exists():
