@@ -14,7 +14,7 @@ from typing import Any
 import dask.config
 import yaml
 
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 
 __all__ = ["SCHEMA_PATH", "YAML_PATH", "get", "get_seconds", "load_defaults", "resolved"]
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from carls_dask import config
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 
 __all__ = [
     "add_arguments",

@@ -38,7 +38,7 @@ def run_figures(run_dir: pathlib.Path) -> list[str]:
     import numpy as np
 
     from carls_dask import storage
-    from carls_dask.storage.errors import CarlsError
+    from carls_dask.errors import CarlsError
 
     lines: list[str] = []
     try:

@@ -1,26 +1,13 @@
-"""Exceptions raised by carls-dask (re-exported from :mod:`carls_dask.storage.errors`, the bottom layer)."""
+"""The project's exception hierarchy: every error carls-dask raises is one of these classes.
+
+It is a leaf module (it imports nothing of the project), so every layer, ``carls_dask.storage``
+included, raises and catches the same types from this one place.
+
+Every class derives from :class:`CarlsError` and, where it refines a builtin, from that builtin
+too, so ``except ValueError`` keeps working for callers that do not know this project.
+"""
 
 from __future__ import annotations
-
-from carls_dask.storage.errors import (
-    BankError,
-    CarlsError,
-    ConfigError,
-    CorruptStoreError,
-    DeadlineExceeded,
-    IncompatibleStoreError,
-    InvalidBatchError,
-    InvalidDTypeError,
-    InvalidShapeError,
-    LifecycleError,
-    LoopFailedError,
-    ShardLostError,
-    StoreError,
-    StoreLockedError,
-    StoreNotFoundError,
-    UnknownColumnError,
-    UnknownTableError,
-)
 
 __all__ = [
     "BankError",
@@ -41,3 +28,77 @@ __all__ = [
     "UnknownColumnError",
     "UnknownTableError",
 ]
+
+
+class CarlsError(Exception):
+    """Root of every error raised by carls-dask."""
+
+
+class ConfigError(CarlsError, ValueError):
+    """A configuration value is missing, of the wrong type or out of range."""
+
+
+class BankError(CarlsError):
+    """Base class for knowledge-bank errors."""
+
+
+class InvalidBatchError(BankError, ValueError):
+    """A batch's values are unusable (empty, NaN/Inf, keys out of range, ...)."""
+
+
+class InvalidShapeError(InvalidBatchError):
+    """A batch has the wrong shape for the table or column it targets."""
+
+
+class InvalidDTypeError(BankError, TypeError):
+    """A batch has a dtype that cannot be safely cast to the column's dtype."""
+
+
+class UnknownTableError(BankError, KeyError):
+    """A table name that the bank does not hold."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownColumnError(BankError, KeyError):
+    """A column name that the table does not hold."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ShardLostError(BankError, RuntimeError):
+    """A bank shard's worker went away and the shard could not be reached."""
+
+
+class StoreError(CarlsError, OSError):
+    """Base class for persistence errors."""
+
+
+class StoreNotFoundError(StoreError, FileNotFoundError):
+    """No store (or no snapshot) at the given path."""
+
+
+class CorruptStoreError(StoreError, ValueError):
+    """A store exists but its contents do not match its manifest."""
+
+
+class IncompatibleStoreError(StoreError, ValueError):
+    """A store was written by an incompatible format version or with other dimensions."""
+
+
+class StoreLockedError(StoreError, PermissionError):
+    """Another writer holds the store (or the shard within it)."""
+
+
+class LifecycleError(CarlsError, RuntimeError):
+    """An operation is not allowed in the object's current lifecycle state."""
+
+
+class LoopFailedError(CarlsError, RuntimeError):
+    """A trainer or knowledge-maker loop raised; the original exception is the ``__cause__``."""
+
+
+class DeadlineExceeded(CarlsError, TimeoutError):
+    """A bounded wait ran past its deadline."""

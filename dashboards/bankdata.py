@@ -13,7 +13,7 @@ from collections.abc import Hashable
 import numpy as np
 import xarray as xr
 
-from carls_dask.storage.errors import InvalidBatchError, UnknownColumnError
+from carls_dask.errors import InvalidBatchError, UnknownColumnError
 
 __all__ = ["column", "common_rows", "has_column", "keys_of", "shards_of", "stable_sample"]
 

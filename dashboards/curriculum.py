@@ -14,7 +14,7 @@ import xarray as xr
 from carls_dask.dashboards import metricnames as mn
 from carls_dask.dashboards.bankdata import column, has_column
 from carls_dask.dashboards.pseudolabels import truth_for
-from carls_dask.storage.errors import InvalidBatchError
+from carls_dask.errors import InvalidBatchError
 
 __all__ = [
     "accuracy_by_difficulty",

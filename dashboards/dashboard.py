@@ -29,7 +29,7 @@ from carls_dask.dashboards.views import (
     PseudoLabelView,
 )
 from carls_dask.dashboards.views.base import RunView, on_page, served
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 
 __all__ = ["RUN_TABS", "Dashboard", "RunsArg", "run_path_from", "run_paths_from"]
 

@@ -13,7 +13,7 @@ import numpy as np
 import xarray as xr
 
 from carls_dask.dashboards.bankdata import column, common_rows, has_column, keys_of, shards_of, stable_sample
-from carls_dask.storage.errors import InvalidBatchError, InvalidShapeError
+from carls_dask.errors import InvalidBatchError, InvalidShapeError
 
 __all__ = [
     "COLOURINGS",

@@ -10,7 +10,7 @@ import xarray as xr
 
 from carls_dask.dashboards import metricnames as mn
 from carls_dask.dashboards.bankdata import has_column, shards_of
-from carls_dask.storage.errors import InvalidBatchError
+from carls_dask.errors import InvalidBatchError
 
 __all__ = [
     "bank_summary",

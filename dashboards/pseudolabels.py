@@ -14,7 +14,7 @@ import numpy as np
 import xarray as xr
 
 from carls_dask.dashboards.bankdata import column, common_rows, has_column, keys_of
-from carls_dask.storage.errors import InvalidBatchError, UnknownColumnError
+from carls_dask.errors import InvalidBatchError, UnknownColumnError
 
 __all__ = [
     "TRUTH_COLUMNS",

@@ -32,7 +32,7 @@ from carls_dask.dashboards.dashboard import Dashboard
 from carls_dask.dashboards.runreader import RunReader
 from carls_dask.dashboards.runs import find_runs
 from carls_dask.dashboards.views.compare import CompareView
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 
 __all__ = ["check_report_paths", "make_dashboards", "run_summary", "write_report"]
 

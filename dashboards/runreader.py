@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from carls_dask.storage.errors import StoreError, StoreNotFoundError
+from carls_dask.errors import StoreError, StoreNotFoundError
 
 __all__ = ["RunReader", "snapshot_to_dataset"]
 

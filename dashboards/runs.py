@@ -6,7 +6,7 @@ import os
 import pathlib
 from collections.abc import Sequence
 
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 
 __all__ = ["RUN_MARKERS", "find_runs", "is_run"]
 

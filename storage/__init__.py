@@ -2,7 +2,7 @@
 metric series.
 
 Nothing here imports Dask or torch: the package reads and writes numpy arrays to Zarr stores. The public
-names below load their module on first use, so ``import carls_dask.storage.errors`` stays light.
+names below load their module on first use, so importing one module of the package stays light.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from carls_dask.storage.errors import CarlsError
+from carls_dask.errors import CarlsError
 
 if TYPE_CHECKING:
     from carls_dask.storage.bankstore import BankReplay, RowBatch, prune_snapshots

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.errors import CorruptStoreError, LifecycleError, StoreNotFoundError
 from carls_dask.storage.deltalog import DeltaRecord, prune_segments, replay
-from carls_dask.storage.errors import CorruptStoreError, LifecycleError, StoreNotFoundError
 from carls_dask.storage.manifest import delta_seqs, entry_at_step, list_snapshots, read_manifest
 from carls_dask.storage.snapshots import prune_versions, read_deleted, read_snapshot
 

@@ -30,10 +30,10 @@ import zarr
 from xarray.backends import BackendArray
 from xarray.core import indexing
 
+from carls_dask.errors import CorruptStoreError, UnknownTableError
 from carls_dask.storage.bankstore import MAKERS_TABLE, BankReplay
 from carls_dask.storage.chunkio import open_checked
 from carls_dask.storage.deltalog import DeltaRecord, replay
-from carls_dask.storage.errors import CorruptStoreError, UnknownTableError
 from carls_dask.storage.manifest import delta_seqs, entry_at_step, is_incremental, read_manifest, shard_name
 from carls_dask.storage.snapshots import read_snapshot
 

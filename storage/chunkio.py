@@ -39,7 +39,7 @@ import numpy as np
 import zarr
 from zarr.buffer.cpu import NDBuffer
 
-from carls_dask.storage.errors import CorruptStoreError
+from carls_dask.errors import CorruptStoreError
 
 __all__ = ["READ_CODECS", "check_chunks", "open_checked", "plain_codecs", "read_rows", "scratch", "write_chunks"]
 

@@ -13,7 +13,7 @@ truncates it). Why not Zarr here: a durable Zarr append per update would write a
 (chunk + metadata) each time; one frame in one file is one write and one sync.
 
 Only one writer per shard: a ``flock`` on ``writer.lock``; a second writer gets
-:class:`~carls_dask.storage.errors.StoreLockedError`.
+:class:`~carls_dask.errors.StoreLockedError`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.storage.errors import CorruptStoreError, InvalidBatchError, InvalidShapeError, LifecycleError
+from carls_dask.errors import CorruptStoreError, InvalidBatchError, InvalidShapeError, LifecycleError
 from carls_dask.storage.fsutil import WriterLock, fsync_dir
 from carls_dask.storage.manifest import delta_seqs, read_manifest
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from carls_dask.storage.errors import (
+from carls_dask.errors import (
     CorruptStoreError,
     DeadlineExceeded,
     StoreLockedError,
@@ -124,7 +124,7 @@ class WriterLock:
 
     The lock is released when :meth:`release` is called or the process exits (the kernel drops it, so a
     killed writer never leaves a stale lock behind). A second holder, in this process or another, gets
-    :class:`~carls_dask.storage.errors.StoreLockedError` at once instead of waiting.
+    :class:`~carls_dask.errors.StoreLockedError` at once instead of waiting.
 
     Parameters
     ----------

@@ -8,7 +8,7 @@ last delta-log record the snapshot includes).
 This module only reads and checks those JSON files; it imports neither Zarr nor the delta log, so both
 :mod:`carls_dask.storage.snapshots` and :mod:`carls_dask.storage.deltalog` can use it. Every field is
 type-checked before anything is read from it: a tampered manifest is refused with
-:class:`~carls_dask.storage.errors.CorruptStoreError`.
+:class:`~carls_dask.errors.CorruptStoreError`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.storage.errors import CorruptStoreError, IncompatibleStoreError, StoreNotFoundError
+from carls_dask.errors import CorruptStoreError, IncompatibleStoreError, StoreNotFoundError
 from carls_dask.storage.fsutil import read_json
 
 __all__ = [

@@ -29,7 +29,7 @@ import numpy as np
 import xarray as xr
 import zarr
 
-from carls_dask.storage.errors import (
+from carls_dask.errors import (
     CorruptStoreError,
     IncompatibleStoreError,
     InvalidBatchError,

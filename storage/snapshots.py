@@ -66,15 +66,7 @@ import numpy as np
 import zarr
 import zarr.codecs
 
-from carls_dask.storage.chunkio import (
-    check_chunks,
-    open_checked,
-    plain_codecs,
-    read_rows,
-    scratch,
-    write_chunks,
-)
-from carls_dask.storage.errors import (
+from carls_dask.errors import (
     CorruptStoreError,
     IncompatibleStoreError,
     InvalidBatchError,
@@ -82,6 +74,14 @@ from carls_dask.storage.errors import (
     LifecycleError,
     StoreLockedError,
     StoreNotFoundError,
+)
+from carls_dask.storage.chunkio import (
+    check_chunks,
+    open_checked,
+    plain_codecs,
+    read_rows,
+    scratch,
+    write_chunks,
 )
 from carls_dask.storage.fsutil import atomic_write_json, fsync_dir, fsync_tree, read_json, short_lock
 from carls_dask.storage.manifest import (

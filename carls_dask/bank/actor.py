@@ -25,8 +25,8 @@ from carls_dask.bank.core import LookupRows, ShardCore
 from carls_dask.bank.sampling import NegativeSample
 from carls_dask.bank.schema import TableSpec
 from carls_dask.bank.shard_sampler import SamplingSettings, ShardDraw
+from carls_dask.errors import ShardLostError
 from carls_dask.storage.bankstore import MAKERS_TABLE, BankReplay, encode_makers, restore_point
-from carls_dask.storage.errors import ShardLostError
 
 __all__ = ["MAKERS_TABLE", "OP_ID", "BankShard"]
 
@@ -419,7 +419,7 @@ class BankShard:
     def _settle(self) -> bool | None:
         if self._pending is None:
             return None
-        from carls_dask.storage.errors import StoreError
+        from carls_dask.errors import StoreError
         from carls_dask.storage.manifest import list_snapshots
 
         root, version = self._pending

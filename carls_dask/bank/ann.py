@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from carls_dask.bank.topk import CHUNK_ROWS, MIN_NORM, _best_first, _faiss
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 
 __all__ = ["METHODS", "AnnIndex", "AnnSettings"]
 

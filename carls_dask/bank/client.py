@@ -43,7 +43,7 @@ from carls_dask.bank.schema import (
 )
 from carls_dask.bank.shard_sampler import expected_counts, split_quota
 from carls_dask.bank.transport import DaskTransport, LocalTransport, ShardCall, stamp_op_ids
-from carls_dask.storage.errors import InvalidBatchError, LifecycleError
+from carls_dask.errors import InvalidBatchError, LifecycleError
 
 __all__ = ["KnowledgeBank"]
 

@@ -49,7 +49,7 @@ from carls_dask.bank.shard_sampler import (
     expected_counts,
 )
 from carls_dask.bank.topk import exact_top_k
-from carls_dask.storage.errors import (
+from carls_dask.errors import (
     IncompatibleStoreError,
     InvalidBatchError,
     InvalidDTypeError,

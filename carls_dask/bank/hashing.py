@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.storage.errors import InvalidBatchError, InvalidDTypeError, InvalidShapeError
+from carls_dask.errors import InvalidBatchError, InvalidDTypeError, InvalidShapeError
 
 __all__ = [
     "bucket_of",

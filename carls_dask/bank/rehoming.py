@@ -44,7 +44,7 @@ from carls_dask.bank.transport import (
     worker_actors,
     worker_client,
 )
-from carls_dask.storage.errors import DeadlineExceeded, LifecycleError, ShardLostError
+from carls_dask.errors import DeadlineExceeded, LifecycleError, ShardLostError
 
 __all__ = [
     "WalltimePlugin",

@@ -15,7 +15,7 @@ import dataclasses
 
 import numpy as np
 
-from carls_dask.storage.errors import InvalidBatchError
+from carls_dask.errors import InvalidBatchError
 
 __all__ = ["SAMPLERS", "NegativeSample", "candidate_probabilities", "order_by_frequency", "sample_candidates"]
 

@@ -19,7 +19,7 @@ import numpy as np
 from carls_dask.bank.changes import ChangeWatch
 from carls_dask.bank.optimizers import compute_dtype
 from carls_dask.bank.topk import METRICS
-from carls_dask.storage.errors import (
+from carls_dask.errors import (
     InvalidBatchError,
     InvalidDTypeError,
     InvalidShapeError,

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from carls_dask.bank.sampling import SAMPLERS
-from carls_dask.storage.errors import InvalidBatchError
+from carls_dask.errors import InvalidBatchError
 
 __all__ = [
     "RankOrder",

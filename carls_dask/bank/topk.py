@@ -32,7 +32,7 @@ from types import ModuleType
 
 import numpy as np
 
-from carls_dask.storage.errors import ConfigError, InvalidBatchError, InvalidShapeError
+from carls_dask.errors import ConfigError, InvalidBatchError, InvalidShapeError
 
 __all__ = [
     "BACKENDS",

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from carls_dask.storage.errors import CarlsError, DeadlineExceeded, ShardLostError
+from carls_dask.errors import CarlsError, DeadlineExceeded, ShardLostError
 
 __all__ = [
     "DaskTransport",

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.storage.errors import CarlsError, ConfigError, DeadlineExceeded
+from carls_dask.errors import CarlsError, ConfigError, DeadlineExceeded
 from carls_dask.storage.fsutil import short_lock
 
 __all__ = [
@@ -654,7 +654,7 @@ class LoaderConsumer:
         DeadlineExceeded
             If the epoch did not arrive within ``wait_timeout`` seconds.
         """
-        from carls_dask.storage.errors import DeadlineExceeded
+        from carls_dask.errors import DeadlineExceeded
 
         e = _positive(f"{self._who()}: epoch", epoch, minimum=0)
         self._check()
@@ -792,7 +792,7 @@ def attach(name: str, consumer: str = "consumer", *, expect: Mapping[str, Any] |
         while int(seg.header[_F_STATE]) == _STARTING:  # the producer is still writing the static arrays
             out._check()
             if time.monotonic() > deadline:
-                from carls_dask.storage.errors import DeadlineExceeded
+                from carls_dask.errors import DeadlineExceeded
 
                 raise DeadlineExceeded(f"shared loader {name!r}: still starting after {wait_timeout:g} s")
             time.sleep(_POLL)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from carls_dask.bank.schema import Column, TableSpec
+from carls_dask.errors import ConfigError, InvalidBatchError
 from carls_dask.memory.gaussian import (
     LookupMode,
     MemoryConfig,
@@ -34,7 +35,6 @@ from carls_dask.memory.gaussian import (
     MemoryState,
     memory_lookup,
 )
-from carls_dask.storage.errors import ConfigError, InvalidBatchError
 
 __all__ = ["META_KEY", "BankGaussianMemory", "memory_table"]
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.storage.errors import ConfigError, InvalidBatchError, InvalidShapeError
+from carls_dask.errors import ConfigError, InvalidBatchError, InvalidShapeError
 
 __all__ = ["DISTANCES", "GaussianMemory", "LookupMode", "MemoryConfig", "MemoryLookupResult", "MemoryState",
            "memory_lookup"]

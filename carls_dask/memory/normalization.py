@@ -25,8 +25,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from carls_dask.errors import ConfigError
 from carls_dask.memory.gaussian import LookupMode, MemoryConfig, MemoryLookupResult
-from carls_dask.storage.errors import ConfigError
 
 __all__ = ["DynamicNormalization", "MemoryLike"]
 

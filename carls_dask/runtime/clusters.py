@@ -7,7 +7,7 @@ import pathlib
 from typing import Any
 
 from carls_dask import config
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 
 __all__ = ["JOBQUEUE_CLASSES", "SECURITY_KINDS", "gpu_workers", "make_security", "start_cluster"]
 

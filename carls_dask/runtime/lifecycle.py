@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import threading
 
-from carls_dask.storage.errors import LifecycleError
+from carls_dask.errors import LifecycleError
 
 __all__ = ["Lifecycle", "State"]
 

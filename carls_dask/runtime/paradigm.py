@@ -25,11 +25,11 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from carls_dask.errors import ConfigError
 from carls_dask.runtime.context import LoopResult
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.settings import describe_settings, settings_from_options
 from carls_dask.runtime.trainer import Trainer
-from carls_dask.storage.errors import ConfigError
 
 __all__ = ["Paradigm"]
 

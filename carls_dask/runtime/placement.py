@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from carls_dask import config
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 
 __all__ = ["AUTO", "BANK", "KINDS", "device_for", "loop_resources", "resources_for", "worker_resources",
            "workers_with"]

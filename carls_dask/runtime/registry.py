@@ -16,8 +16,8 @@ import importlib.metadata
 import logging
 from typing import Any
 
+from carls_dask.errors import ConfigError
 from carls_dask.runtime.paradigm import Paradigm
-from carls_dask.storage.errors import ConfigError
 
 __all__ = ["ENTRY_POINT_GROUP", "available_paradigms", "get_paradigm", "register_paradigm", "unregister_paradigm"]
 

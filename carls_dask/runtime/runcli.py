@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 
 __all__ = ["add_arguments", "run"]
 

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from carls_dask import config
+from carls_dask.errors import ConfigError
 from carls_dask.runtime.channel import LocalModelChannel
 from carls_dask.runtime.checkpoints import Checkpointer
 from carls_dask.runtime.context import LoopContext, LoopResult, ThreadStop, pick_device
@@ -46,7 +47,6 @@ from carls_dask.runtime.paradigm import Paradigm
 from carls_dask.runtime.progress import ProgressBook, ProgressSink
 from carls_dask.runtime.settings import settings_to_json, strict_json
 from carls_dask.runtime.trainer import Trainer
-from carls_dask.storage.errors import ConfigError
 
 __all__ = ["RESULT_SCHEMA", "RunResult", "resume_run", "run_inline", "run_paradigm"]
 
@@ -309,8 +309,8 @@ def run_paradigm(paradigm: Paradigm | str, settings: Any = None, *, variant: str
 
 
 def _has_snapshot(root: str) -> bool:
+    from carls_dask.errors import CarlsError
     from carls_dask.storage import list_snapshots
-    from carls_dask.storage.errors import CarlsError
 
     try:
         return bool(list_snapshots(root))

@@ -17,7 +17,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 
 __all__ = ["SettingInfo", "describe_settings", "field_docs", "parse_setting", "settings_from_options",
            "settings_to_json", "strict_json"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from carls_dask.errors import ConfigError
 from carls_dask.runtime.context import LoopContext
-from carls_dask.storage.errors import ConfigError
 
 __all__ = ["Trainer"]
 

@@ -35,6 +35,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from carls_dask import config
+from carls_dask.errors import (
+    CarlsError,
+    ConfigError,
+    DeadlineExceeded,
+    LifecycleError,
+    LoopFailedError,
+)
 from carls_dask.runtime.channel import ModelChannel, unique_prefix
 from carls_dask.runtime.clusters import make_security, start_cluster
 from carls_dask.runtime.context import LoopResult
@@ -45,13 +52,6 @@ from carls_dask.runtime.placement import BANK, loop_resources, resources_for, wo
 from carls_dask.runtime.progress import ProgressBook, ProgressSink
 from carls_dask.runtime.tasks import LoopSpec, run_loop_task
 from carls_dask.runtime.trainer import Trainer
-from carls_dask.storage.errors import (
-    CarlsError,
-    ConfigError,
-    DeadlineExceeded,
-    LifecycleError,
-    LoopFailedError,
-)
 
 __all__ = ["LoopHandle", "LoopStatus", "Workbench"]
 

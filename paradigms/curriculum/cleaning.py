@@ -14,7 +14,7 @@ import dataclasses
 
 import numpy as np
 
-from carls_dask.storage.errors import ConfigError, InvalidShapeError
+from carls_dask.errors import ConfigError, InvalidShapeError
 
 __all__ = ["CLEAN_MODES", "CleaningRule", "clean_targets", "detection_quality"]
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.errors import ConfigError
 from carls_dask.loading.shared import (
     SHM_DIR,
     ConsumerDetached,
@@ -47,7 +48,6 @@ from carls_dask.paradigms.curriculum.augment import augment_images, epoch_of
 from carls_dask.paradigms.curriculum.noise import NoisyLabels
 from carls_dask.paradigms.curriculum.settings import CurriculumData, CurriculumSettings, load_data
 from carls_dask.paradigms.data.fashion_mnist import FASHION_MNIST_CLASSES, ImageData
-from carls_dask.storage.errors import ConfigError
 from carls_dask.storage.fsutil import short_lock
 
 __all__ = ["CurriculumFeed", "LoadingOptions", "loader_name"]

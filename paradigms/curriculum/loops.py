@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.errors import ConfigError
 from carls_dask.paradigms.curriculum.augment import epoch_of
 from carls_dask.paradigms.curriculum.cleaning import clean_targets, detection_quality
 from carls_dask.paradigms.curriculum.feed import CurriculumFeed, LoadingOptions
@@ -32,7 +33,6 @@ from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.trainer import Trainer
-from carls_dask.storage.errors import ConfigError
 
 __all__ = ["BANK_COLUMNS", "CurriculumTrainer", "DifficultyMaker", "difficulty_table", "evaluate"]
 

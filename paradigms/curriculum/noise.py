@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 
 __all__ = ["NoisyLabels", "symmetric_noise"]
 

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 
 __all__ = ["PACING_SCHEDULES", "FractionPacing", "Pacing", "SelfPacedPacing", "make_pacing"]
 

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
+from carls_dask.errors import ConfigError, InvalidShapeError
 from carls_dask.paradigms.curriculum.pacing import FractionPacing, Pacing
-from carls_dask.storage.errors import ConfigError, InvalidShapeError
 
 __all__ = ["CurriculumSampler"]
 

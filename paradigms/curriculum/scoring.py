@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from carls_dask.storage.errors import ConfigError, InvalidShapeError
+from carls_dask.errors import ConfigError, InvalidShapeError
 
 __all__ = ["SCORERS", "Scorer", "confidence_score", "get_scorer", "loss_score", "margin_score", "register_scorer",
            "softmax"]

@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.errors import ConfigError
 from carls_dask.paradigms.curriculum.cleaning import CLEAN_MODES, CleaningRule
 from carls_dask.paradigms.curriculum.noise import NoisyLabels, symmetric_noise
 from carls_dask.paradigms.curriculum.pacing import PACING_SCHEDULES, Pacing, make_pacing
 from carls_dask.paradigms.curriculum.scoring import SCORERS
 from carls_dask.paradigms.data.fashion_mnist import ImageData, load_images
-from carls_dask.storage.errors import ConfigError
 
 __all__ = ["LOADING_MODES", "TABLE", "CurriculumData", "CurriculumSettings", "load_data", "make_model"]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.storage.errors import ConfigError, CorruptStoreError, StoreNotFoundError
+from carls_dask.errors import ConfigError, CorruptStoreError, StoreNotFoundError
 
 __all__ = [
     "FASHION_MNIST_CLASSES",

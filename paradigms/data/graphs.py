@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 import pathlib
 
+from carls_dask.errors import ConfigError, StoreNotFoundError
 from carls_dask.paradigms.data.planetoid import PLANETOID_NAMES, PlanetoidGraph, find_data_dir, load_planetoid
 from carls_dask.paradigms.data.wordnet import load_wordnet
-from carls_dask.storage.errors import ConfigError, StoreNotFoundError
 
 __all__ = ["GRAPH_NAMES", "WORDNET_UNLABELLED_BATCH", "graph_data_dir", "graph_pseudo_preset", "graph_unlabelled_batch",
            "load_graph"]

@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 
-from carls_dask.storage.errors import ConfigError, InvalidBatchError
+from carls_dask.errors import ConfigError, InvalidBatchError
 
 __all__ = ["EmojiPairs", "cldr_concepts", "concept_of", "concept_split", "load_openmoji_pairs"]
 

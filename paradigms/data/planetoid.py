@@ -15,7 +15,7 @@ import pathlib
 
 import numpy as np
 
-from carls_dask.storage.errors import ConfigError, CorruptStoreError, StoreNotFoundError
+from carls_dask.errors import ConfigError, CorruptStoreError, StoreNotFoundError
 
 __all__ = ["PLANETOID_NAMES", "PlanetoidGraph", "find_data_dir", "load_planetoid"]
 

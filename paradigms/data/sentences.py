@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 
 __all__ = [
     "SENTENCE_DIM",

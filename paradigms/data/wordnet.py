@@ -52,6 +52,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 
+from carls_dask.errors import ConfigError, CorruptStoreError, StoreNotFoundError
 from carls_dask.paradigms.data.planetoid import PlanetoidGraph
 from carls_dask.paradigms.data.sentences import (
     cached_array,
@@ -59,7 +60,6 @@ from carls_dask.paradigms.data.sentences import (
     encode_sentences,
     texts_digest,
 )
-from carls_dask.storage.errors import ConfigError, CorruptStoreError, StoreNotFoundError
 
 __all__ = [
     "FEATURE_KINDS",

@@ -14,7 +14,7 @@ import pathlib
 
 import numpy as np
 
-from carls_dask.storage.errors import ConfigError, InvalidShapeError
+from carls_dask.errors import ConfigError, InvalidShapeError
 
 __all__ = ["FEATURE_DIM", "PRETRAINED_NAME", "image_features", "load_image_encoder"]
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from carls_dask.bank import Column, TableSpec, to_int64_keys
+from carls_dask.errors import ConfigError
 from carls_dask.paradigms.data.openmoji import EmojiPairs, cldr_concepts, concept_split, load_openmoji_pairs
 from carls_dask.paradigms.data.sentences import SENTENCE_MODEL, encode_sentences
 from carls_dask.paradigms.multimodal.features import FEATURE_DIM, PRETRAINED_NAME, image_features
@@ -34,7 +35,6 @@ from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.trainer import Trainer
-from carls_dask.storage.errors import ConfigError
 
 __all__ = [
     "NEGATIVES",

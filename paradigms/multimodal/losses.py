@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from carls_dask.storage.errors import InvalidShapeError
+from carls_dask.errors import InvalidShapeError
 
 __all__ = ["contrastive_loss", "sampled_softmax_loss"]
 

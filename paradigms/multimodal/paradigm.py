@@ -26,6 +26,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from carls_dask.errors import ConfigError
 from carls_dask.paradigms.data.sentences import SENTENCE_DIM
 from carls_dask.paradigms.multimodal.loops import (
     NEGATIVES,
@@ -41,7 +42,6 @@ from carls_dask.paradigms.multimodal.loops import (
 from carls_dask.paradigms.multimodal.text import TEXT_ENCODERS, resolve_text_encoder
 from carls_dask.runtime.context import LoopResult
 from carls_dask.runtime.paradigm import Paradigm
-from carls_dask.storage.errors import ConfigError
 
 __all__ = ["RECALLS", "Multimodal", "MultimodalSettings"]
 

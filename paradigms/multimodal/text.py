@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 
 __all__ = ["TEXT_ENCODERS", "hash_tokens", "minilm_available", "resolve_text_encoder", "tokens"]
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from carls_dask.errors import ConfigError, InvalidShapeError
 from carls_dask.paradigms.data.graphs import graph_pseudo_preset
 from carls_dask.paradigms.data.planetoid import PlanetoidGraph
 from carls_dask.paradigms.semi_supervised.loss import (
@@ -28,7 +29,6 @@ from carls_dask.paradigms.semi_supervised.loss import (
 )
 from carls_dask.paradigms.semi_supervised.model import MLP
 from carls_dask.paradigms.semi_supervised.neighbours import NeighbourTable, build_neighbour_table
-from carls_dask.storage.errors import ConfigError, InvalidShapeError
 
 __all__ = ["MAKER_REFRESH", "MODES", "PSEUDO_SELECTIONS", "PSEUDO_TEACHERS", "NodeClassifierCore", "SemiSupervisedConfig", "expand_neighbour_rows"]
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.errors import ConfigError
 from carls_dask.paradigms.data.graphs import load_graph
 from carls_dask.paradigms.data.planetoid import PlanetoidGraph
 from carls_dask.paradigms.semi_supervised.core import (
@@ -43,7 +44,6 @@ from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.trainer import Trainer
-from carls_dask.storage.errors import ConfigError
 
 __all__ = ["NODES_TABLE", "PSEUDO_TABLE", "GraphTrainer", "NeighbourMaker", "PseudoLabelMaker", "bank_tables"]
 

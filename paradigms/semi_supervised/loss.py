@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 
 __all__ = ["DISTANCES", "graph_regularization", "pseudo_label_loss", "soft_target_loss"]
 

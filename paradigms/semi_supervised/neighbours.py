@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 
 __all__ = ["NeighbourTable", "build_neighbour_table"]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.storage.errors import ConfigError, InvalidShapeError
+from carls_dask.errors import ConfigError, InvalidShapeError
 
 __all__ = [
     "PseudoLabels",

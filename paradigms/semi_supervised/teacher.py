@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.errors import ConfigError, InvalidShapeError
 from carls_dask.paradigms.semi_supervised.pseudo_labels import normalized_adjacency
-from carls_dask.storage.errors import ConfigError, InvalidShapeError
 
 __all__ = ["GraphTeacherSettings", "train_graph_teacher"]
 

@@ -10,7 +10,7 @@ import pytest
 
 from carls_dask.bank import ChangeCursor, ChangeWatch, Column, KnowledgeBank, TableSpec
 from carls_dask.bank.changes import ChangeFeed
-from carls_dask.storage.errors import InvalidBatchError, UnknownTableError
+from carls_dask.errors import InvalidBatchError, UnknownTableError
 
 
 def watched(metric: str = "l2", threshold: float = 0.5) -> TableSpec:

@@ -17,9 +17,9 @@ import pytest
 
 from carls_dask.bank import KnowledgeBank
 from carls_dask.bank.actor import BankShard
+from carls_dask.errors import StoreLockedError
 from carls_dask.storage.bankstore import prune_snapshots
 from carls_dask.storage.bankview import read_bank
-from carls_dask.storage.errors import StoreLockedError
 from carls_dask.storage.manifest import list_snapshots, read_manifest
 from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot
 from tests.bank.test_exact_restore import TABLES, apply_all, assert_bit_identical, full_state, specs, start

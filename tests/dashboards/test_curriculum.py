@@ -12,7 +12,7 @@ from carls_dask.dashboards.curriculum import (
     difficulty_histograms,
     pacing_vs_realised,
 )
-from carls_dask.storage.errors import InvalidBatchError
+from carls_dask.errors import InvalidBatchError
 from tests.dashboards.tables import make_table
 
 

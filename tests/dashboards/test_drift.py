@@ -13,7 +13,7 @@ from carls_dask.dashboards.drift import (
     knn,
     neighbour_churn,
 )
-from carls_dask.storage.errors import InvalidShapeError, UnknownColumnError
+from carls_dask.errors import InvalidShapeError, UnknownColumnError
 from tests.dashboards.tables import make_table
 
 

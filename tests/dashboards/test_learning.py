@@ -14,7 +14,7 @@ from carls_dask.dashboards.learning import curve, discover, is_eval_metric, smoo
 from carls_dask.dashboards.runreader import RunReader
 from carls_dask.dashboards.runs import find_runs
 from carls_dask.dashboards.views import LearningView
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 from carls_dask.storage.metrics import MetricWriter, open_metrics
 from tests.dashboards.runfolder import nodes, write_snapshot
 

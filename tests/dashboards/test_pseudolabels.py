@@ -18,7 +18,7 @@ from carls_dask.dashboards.pseudolabels import (
     threshold_curve,
     truth_for,
 )
-from carls_dask.storage.errors import UnknownColumnError
+from carls_dask.errors import UnknownColumnError
 from tests.dashboards.tables import make_table
 
 # ten rows: pseudo labels, confidences and held-out truth (-1: unknown / unlabelled)

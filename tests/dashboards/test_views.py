@@ -14,7 +14,7 @@ from carls_dask.dashboard_cli import panel_command
 from carls_dask.dashboards.dashboard import Dashboard, run_path_from
 from carls_dask.dashboards.runreader import RunReader
 from carls_dask.dashboards.views import DriftView, PseudoLabelView
-from carls_dask.storage.errors import ConfigError
+from carls_dask.errors import ConfigError
 from carls_dask.storage.metrics import MetricWriter, open_metrics
 from tests.dashboards.runfolder import nodes, write_snapshot, write_truth
 

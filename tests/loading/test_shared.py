@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from carls_dask.errors import ConfigError, DeadlineExceeded
 from carls_dask.loading import (
     ConsumerDetached,
     LoaderClosed,
@@ -27,7 +28,6 @@ from carls_dask.loading import (
     shared_memory_available,
     shared_memory_free,
 )
-from carls_dask.storage.errors import ConfigError, DeadlineExceeded
 from tests.loading import workers
 from tests.loading.workers import COLS, ROWS, epoch_data, static_labels
 from tests.processes import wait_for

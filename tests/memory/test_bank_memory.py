@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from carls_dask.bank import KnowledgeBank, nodes_table
-from carls_dask.errors import ConfigError
+from carls_dask.errors import ConfigError, InvalidBatchError
 from carls_dask.memory import BankGaussianMemory, GaussianMemory, LookupMode, MemoryConfig, memory_table
-from carls_dask.storage.errors import InvalidBatchError
 
 CFG = MemoryConfig(dim=3, per_cluster_buffer_size=4, max_num_clusters=5, distance_to_cluster_threshold=0.3,
                    bootstrap_steps=2, min_variance=0.1)

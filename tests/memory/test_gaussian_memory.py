@@ -7,9 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from carls_dask.errors import ConfigError
+from carls_dask.errors import ConfigError, InvalidBatchError, InvalidShapeError
 from carls_dask.memory import GaussianMemory, LookupMode, MemoryConfig, MemoryState, memory_lookup
-from carls_dask.storage.errors import InvalidBatchError, InvalidShapeError
 
 
 def _cfg(**kw: object) -> MemoryConfig:

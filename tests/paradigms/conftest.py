@@ -6,8 +6,8 @@ import pathlib
 
 import pytest
 
+from carls_dask.errors import StoreNotFoundError
 from carls_dask.paradigms.data.planetoid import find_data_dir
-from carls_dask.storage.errors import StoreNotFoundError
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,12 @@ import pathlib
 import numpy as np
 import pytest
 
+from carls_dask.errors import ConfigError, InvalidShapeError
 from carls_dask.paradigms.data.planetoid import PlanetoidGraph, load_planetoid
 from carls_dask.paradigms.semi_supervised.core import SemiSupervisedConfig
 from carls_dask.paradigms.semi_supervised.paradigm import SemiSupervised
 from carls_dask.paradigms.semi_supervised.teacher import GraphTeacherSettings, train_graph_teacher
 from carls_dask.runtime import run_inline
-from carls_dask.storage.errors import ConfigError, InvalidShapeError
 
 PARADIGM = SemiSupervised()
 

@@ -14,11 +14,11 @@ pytest.importorskip("efficientnet_lite_pytorch")
 
 import torch
 
+from carls_dask.errors import ConfigError, InvalidBatchError, InvalidShapeError
 from carls_dask.paradigms.data.openmoji import concept_of, concept_split, load_openmoji_pairs
 from carls_dask.paradigms.multimodal.losses import contrastive_loss, sampled_softmax_loss
 from carls_dask.paradigms.multimodal.metrics import recall_at_k, retrieval_report
 from carls_dask.paradigms.multimodal.text import hash_tokens
-from carls_dask.storage.errors import ConfigError, InvalidBatchError, InvalidShapeError
 
 LIMIT = 40
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from carls_dask.errors import ConfigError, CorruptStoreError, InvalidShapeError, StoreNotFoundError
 from carls_dask.paradigms.data.planetoid import find_data_dir, load_planetoid
 from carls_dask.paradigms.semi_supervised.core import (
     NodeClassifierCore,
@@ -31,7 +32,6 @@ from carls_dask.paradigms.semi_supervised.pseudo_labels import (
     sharpen,
     soft_pseudo_labels,
 )
-from carls_dask.storage.errors import ConfigError, CorruptStoreError, InvalidShapeError, StoreNotFoundError
 
 
 def _data_dir() -> pathlib.Path:

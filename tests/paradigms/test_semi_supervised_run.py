@@ -15,9 +15,9 @@ import dask
 import numpy as np
 import pytest
 
+from carls_dask.errors import ConfigError
 from carls_dask.paradigms.semi_supervised.paradigm import ALL_NODES, SemiSupervised
 from carls_dask.runtime import run_inline, run_paradigm
-from carls_dask.storage.errors import ConfigError
 
 PARADIGM = SemiSupervised()
 

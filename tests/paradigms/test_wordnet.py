@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
+from carls_dask.errors import ConfigError, CorruptStoreError, StoreNotFoundError
 from carls_dask.paradigms.data import wordnet
 from carls_dask.paradigms.data.graphs import GRAPH_NAMES, graph_unlabelled_batch, load_graph
-from carls_dask.storage.errors import ConfigError, CorruptStoreError, StoreNotFoundError
 
 REAL = pathlib.Path("/usr/share/wordnet/data.noun")
 needs_real = pytest.mark.skipif(not REAL.is_file(), reason="WordNet 3.0 is not installed (Debian package wordnet-base)")

@@ -7,9 +7,9 @@ import pathlib
 import numpy as np
 import pytest
 
+from carls_dask.errors import CorruptStoreError, StoreNotFoundError
 from carls_dask.storage.bankstore import MAKERS_TABLE, BankReplay, decode_makers, encode_makers, restore_point
 from carls_dask.storage.deltalog import DeltaLog
-from carls_dask.storage.errors import CorruptStoreError, StoreNotFoundError
 from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
 from tests.storage.states import bucket_of, make_states, table_rows
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from carls_dask.errors import StoreNotFoundError, UnknownTableError
 from carls_dask.storage import open_bank, read_bank
 from carls_dask.storage.bankstore import MAKERS_TABLE, encode_makers
 from carls_dask.storage.deltalog import DeltaLog
-from carls_dask.storage.errors import StoreNotFoundError, UnknownTableError
 from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
 from tests.storage.states import make_states, merged, table_rows
 

@@ -12,15 +12,15 @@ import time
 import numpy as np
 import pytest
 
-from carls_dask.storage.bankstore import prune_snapshots
-from carls_dask.storage.deltalog import DeltaLog, replay
-from carls_dask.storage.errors import (
+from carls_dask.errors import (
     CorruptStoreError,
     InvalidBatchError,
     InvalidShapeError,
     LifecycleError,
     StoreLockedError,
 )
+from carls_dask.storage.bankstore import prune_snapshots
+from carls_dask.storage.deltalog import DeltaLog, replay
 from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
 from tests.storage.states import make_states, table_rows
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from carls_dask.bank.rowview import RowView
+from carls_dask.errors import CorruptStoreError, InvalidBatchError
 from carls_dask.storage.bankstore import BankReplay, next_parent
 from carls_dask.storage.bankview import open_bank, read_bank
-from carls_dask.storage.errors import CorruptStoreError, InvalidBatchError
 from carls_dask.storage.manifest import list_snapshots
 from carls_dask.storage.snapshots import (
     begin_snapshot,

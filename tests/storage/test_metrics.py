@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from carls_dask.storage.errors import (
+from carls_dask.errors import (
     IncompatibleStoreError,
     InvalidBatchError,
     InvalidShapeError,

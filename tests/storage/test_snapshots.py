@@ -14,9 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from carls_dask.storage.bankstore import prune_snapshots
-from carls_dask.storage.bankview import open_bank
-from carls_dask.storage.errors import (
+from carls_dask.errors import (
     CorruptStoreError,
     IncompatibleStoreError,
     InvalidBatchError,
@@ -25,6 +23,8 @@ from carls_dask.storage.errors import (
     StoreLockedError,
     StoreNotFoundError,
 )
+from carls_dask.storage.bankstore import prune_snapshots
+from carls_dask.storage.bankview import open_bank
 from carls_dask.storage.manifest import list_snapshots, read_manifest
 from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, read_snapshot, write_shard
 from tests.storage.states import assert_same, make_states, merged, sort_by_key

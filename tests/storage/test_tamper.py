@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from carls_dask.errors import CorruptStoreError, IncompatibleStoreError
 from carls_dask.storage.bankview import open_bank
 from carls_dask.storage.deltalog import DeltaLog, replay
-from carls_dask.storage.errors import CorruptStoreError, IncompatibleStoreError
 from carls_dask.storage.snapshots import read_manifest, read_snapshot
 from tests.storage.states import assert_same, make_states, merged, sort_by_key, table_rows
 from tests.storage.test_snapshots import snapshot
