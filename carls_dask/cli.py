@@ -128,6 +128,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CarlsError as exc:
         sys.stderr.write(f"carls-dask {args.command}: error: {exc}\n")
         return 1
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line (a run names its checkpoint and the resume command)
+        runner = sys.modules.get("carls_dask.runtime.runner")  # loaded whenever a run was interrupted
+        said = exc if runner is not None and isinstance(exc, runner.RunInterrupted) else "interrupted"
+        sys.stderr.write(f"\ncarls-dask {args.command}: {said}\n")
+        return 130
     return status
 
 

@@ -56,6 +56,10 @@ class Paradigm:
     unprefixed
         Series the metric store also gets without the loop's name, by loop kind (the names
         dashboards read): ``{"trainer": ("pacing", ...), "maker": ("pl_precision", ...)}``.
+    cumulative
+        Figures that count over the whole run (rounds, steps, lookups), as ``fnmatch`` patterns: a
+        run extended with ``carls-dask run --resume RUN --steps N`` adds them up over its segments,
+        where every other figure is the newest segment's.
     """
 
     name: ClassVar[str] = ""
@@ -65,6 +69,7 @@ class Paradigm:
     default_variant: ClassVar[str | None] = None
     headline: ClassVar[tuple[str, ...]] = ()
     unprefixed: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    cumulative: ClassVar[tuple[str, ...]] = ()
 
     # -- settings ----------------------------------------------------------------------------
     def variant_name(self, variant: str | None) -> str:
@@ -139,6 +144,24 @@ class Paradigm:
             if result.kind == "trainer" and isinstance(result.value, Mapping):
                 return dict(result.value)
         return {}
+
+    def missing_reasons(self, settings: Any, results: Mapping[str, LoopResult],
+                        missing: Sequence[str]) -> dict[str, str]:
+        """Why each figure named in ``missing`` has no value, in the words of the settings a user can change.
+
+        ``result.json`` holds these beside the figures (``null``) and ``carls-dask run`` prints them for
+        the headline figures. The default names the makers that made no round in the run's steps
+        (their figures need at least one); a paradigm overrides it for figures with their own needs.
+        """
+        trainer = next((r for r in results.values() if r.kind == "trainer"), None)
+        idle = sorted(n for n, r in results.items() if r.kind == "maker" and not r.rounds)
+        steps = f"{trainer.steps} trainer steps" if trainer is not None else "this run"
+        if idle:
+            why = (f"not measured: {', '.join(repr(n) for n in idle)} made no round in {steps} (a maker works on "
+                   "each model version the trainer publishes; run more steps or publish more often)")
+        else:
+            why = f"not measured in {steps}"
+        return {name: why for name in missing}
 
     def __repr__(self) -> str:
         return f"<Paradigm {self.name!r} variants {list(self.variants)}>"

@@ -33,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inline", action="store_true",
                    help="run in this process in lock step (deterministic) instead of on the Dask cluster")
     p.add_argument("--resume", type=pathlib.Path, default=None, metavar="RUN_DIR",
-                   help="continue the run in RUN_DIR from its newest checkpoint (with --steps: to that many steps)")
+                   help="continue the run in RUN_DIR from its newest checkpoint; a finished run is extended with "
+                        "--steps N, N above the step it finished at")
     p.set_defaults(run_parser=p)
 
 
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         result = resume_run(args.resume, steps=args.steps, inline=True if args.inline else None)
         p = get_paradigm(result.paradigm)
         out.write(f"{result.headline(p.headline)}; resumed from step {result.resumed_from}; run folder {args.resume}\n")
+        _write_notes(out, result, p.headline)
         return 0
     if not args.paradigm:
         raise ConfigError(f"run: expected a paradigm name; available: {', '.join(available_paradigms()) or 'none'}")
@@ -106,4 +108,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         result = run_paradigm(paradigm, settings, variant=args.variant, run_dir=run_dir)
     out.write(f"{result.headline(paradigm.headline)}; run folder {run_dir}\n")
+    _write_notes(out, result, paradigm.headline)
     return 0
+
+
+def _write_notes(out: Any, result: Any, names: Any) -> None:
+    """Say why each headline figure without a value has none (a run too short for it, ...)."""
+    for line in result.notes(names):
+        out.write(f"  {line}\n")

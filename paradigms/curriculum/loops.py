@@ -33,6 +33,14 @@ from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.trainer import Trainer
+from carls_dask.storage.runfolder import (
+    FLAG_PRECISION,
+    FLAG_RECALL,
+    FLAGGED_FRACTION,
+    PL_COVERAGE,
+    PL_PRECISION,
+    SCORED_FRACTION,
+)
 
 __all__ = ["BANK_COLUMNS", "CurriculumTrainer", "DifficultyMaker", "difficulty_table", "evaluate"]
 
@@ -132,7 +140,7 @@ class CurriculumTrainer(Trainer):
         got = self.ctx.bank.lookup(TABLE, self.keys, columns=list(BANK_COLUMNS))
         found = np.asarray(got.found, dtype=bool)
         if not found.any():
-            self.knowledge = {"scored_fraction": 0.0}
+            self.knowledge = {SCORED_FRACTION: 0.0}
             return
         v = got.values
         flagged = found & self.rule.flagged(v["disagree_rounds"])
@@ -153,10 +161,10 @@ class CurriculumTrainer(Trainer):
         q = detection_quality(flagged, self.noisy)
         steps_behind = step - np.asarray(got.model_step)[found]
         self.knowledge = {
-            "scored_fraction": float(found.mean()),
-            "flagged_fraction": q["flagged_fraction"],
-            "flag_precision": q["precision"],
-            "flag_recall": q["recall"],
+            SCORED_FRACTION: float(found.mean()),
+            FLAGGED_FRACTION: q["flagged_fraction"],
+            FLAG_PRECISION: q["precision"],
+            FLAG_RECALL: q["recall"],
             "label_accuracy": float((labels == self.clean).mean()),
             "noise_estimate": noise_estimate,
             "scores_steps_behind": float(steps_behind.mean()),
@@ -353,9 +361,9 @@ class DifficultyMaker(KnowledgeMaker):
         return {
             "train_accuracy_clean": float((pred == self.clean).mean()),
             "mean_difficulty": float(np.mean(cols["difficulty"])),
-            "flag_precision": q["precision"], "flag_recall": q["recall"],
-            "flagged_fraction": q["flagged_fraction"],
-            "pl_precision": relabel_ok, "pl_coverage": q["flagged_fraction"],
+            FLAG_PRECISION: q["precision"], FLAG_RECALL: q["recall"],
+            FLAGGED_FRACTION: q["flagged_fraction"],
+            PL_PRECISION: relabel_ok, PL_COVERAGE: q["flagged_fraction"],
         }
 
     def finish(self) -> dict[str, Any]:

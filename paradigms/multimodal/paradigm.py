@@ -222,6 +222,7 @@ class Multimodal(Paradigm):
         "hard": {"negatives": "hard"},
     }
     default_variant = "uniform"
+    cumulative = ("maker_rounds",)
     headline = (*RECALLS, *(f"val_{m}" for m in RECALLS), "classifier_top1")
     unprefixed = {"trainer": RECALLS, "maker": ("text_drift",)}
 

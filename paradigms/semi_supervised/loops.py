@@ -44,6 +44,7 @@ from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.trainer import Trainer
+from carls_dask.storage.runfolder import PL_COUNT, PL_COVERAGE, PL_PRECISION
 
 __all__ = ["NODES_TABLE", "PSEUDO_TABLE", "GraphTrainer", "NeighbourMaker", "PseudoLabelMaker", "bank_tables"]
 
@@ -461,7 +462,7 @@ class PseudoLabelMaker(_ModelMaker):
         self.current = chosen.keys
         self.teacher_written = self.teacher is not None and bool(len(chosen.keys))
         q = pseudo_label_quality(chosen, self.graph.labels)
-        out = {"pl_precision": q["precision"], "pl_coverage": q["coverage"], "pl_count": q["count"],
+        out = {PL_PRECISION: q["precision"], PL_COVERAGE: q["coverage"], PL_COUNT: q["count"],
                "pl_dropped": float(len(dropped))}
         if self.teacher is not None:
             out["teacher_val_acc"] = self.teacher_val_acc

@@ -31,6 +31,7 @@ from carls_dask.paradigms.semi_supervised.loops import (
 )
 from carls_dask.runtime.context import LoopResult
 from carls_dask.runtime.paradigm import Paradigm
+from carls_dask.storage.runfolder import PL_COUNT, PL_COVERAGE, PL_PRECISION, RunFolder
 
 __all__ = ["ALL_NODES", "BANK_DEFAULTS", "SemiSupervised"]
 
@@ -68,8 +69,9 @@ class SemiSupervised(Paradigm):
         "bank+pseudo": {"mode": "bank", "pseudo_labels": True, **BANK_DEFAULTS},
     }
     default_variant = "bank+pseudo"
-    headline = ("test_acc", "best_val_acc", "pl_precision", "pl_coverage")
-    unprefixed = {"trainer": ("val_acc", "test_acc", "train_acc"), "maker": ("pl_precision", "pl_coverage")}
+    headline = ("test_acc", "best_val_acc", PL_PRECISION, PL_COVERAGE)
+    unprefixed = {"trainer": ("val_acc", "test_acc", "train_acc"), "maker": (PL_PRECISION, PL_COVERAGE)}
+    cumulative = ("*_rounds",)
 
     def prepare(self, settings: SemiSupervisedConfig) -> SemiSupervisedConfig:
         """Resolve the data folder here (so the loops get it explicitly) and check the data set loads."""
@@ -96,7 +98,7 @@ class SemiSupervised(Paradigm):
         """``truth.npz``: the held-out labels of the unlabelled nodes, for judging pseudo labels."""
         graph = load_graph(settings.dataset, settings.data_dir)
         unlabelled = graph.unlabelled()
-        np.savez(run_dir / "truth.npz", keys=unlabelled, labels=graph.labels[unlabelled])
+        np.savez(RunFolder(run_dir).truth, keys=unlabelled, labels=graph.labels[unlabelled])
 
     def summarize(self, settings: SemiSupervisedConfig, results: Mapping[str, LoopResult]) -> dict[str, Any]:
         out: dict[str, Any] = dict(results[TRAINER].value or {})
@@ -104,7 +106,7 @@ class SemiSupervised(Paradigm):
             if r.kind != "maker":
                 continue
             out[f"{name}_rounds"] = len(r.rounds)
-            for key in ("pl_precision", "pl_coverage", "pl_count"):
+            for key in (PL_PRECISION, PL_COVERAGE, PL_COUNT):
                 if key in r.metrics:
                     out[key] = r.metrics[key]
         return out

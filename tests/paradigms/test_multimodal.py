@@ -370,8 +370,8 @@ def test_inline_runs_are_deterministic_and_a_resumed_run_equals_an_uninterrupted
     # bank negatives from the step after the first published version (10) and its maker round
     assert (whole["steps"], whole["bank_steps"], whole["classifier_steps"], whole["maker_rounds"]) == (40, 30, 15, 4)
     assert first["steps"] == 20 and resumed.resumed_from == 20 and resumed.loops["trainer"]["steps"] == 20
-    assert resumed["maker_rounds"] == 2, "the resumed run's own rounds: versions at steps 30 and 40"
-    same = _reproducible(resumed.figures) | {"maker_rounds": 4}
+    assert resumed.segments[-1]["figures"]["maker_rounds"] == 2, "the extension's own rounds: versions 30 and 40"
+    same = _reproducible(resumed.figures)  # maker rounds add up over the two segments
     assert same == _reproducible(whole.figures), {k: (v, whole.figures[k]) for k, v in same.items()
                                                   if whole.figures[k] != v}
     assert all(isinstance(whole[m], float) for m in (*RECALLS, *(f"val_{m}" for m in RECALLS)))
@@ -483,7 +483,7 @@ def test_bank_negatives_beat_in_batch_negatives_on_the_validation_split() -> Non
     assert mean["uniform"] >= 1.1 * mean["in-batch"], mean
 
 RESULT_KEYS = {"schema", "paradigm", "variant", "seed", "driver", "settings", "figures", "loops", "snapshots",
-               "resumed_from", "versions", "started", "ended", "wall_seconds"}
+               "resumed_from", "versions", "started", "ended", "wall_seconds", "run_id", "reasons", "segments"}
 
 
 def _reject(constant: str) -> object:
@@ -512,7 +512,7 @@ def test_workbench_run_writes_a_strict_json_result_snapshots_and_the_bank(
     data = json.loads(text, parse_constant=_reject)
     assert set(data) == RESULT_KEYS and data == result.to_json()
     assert (data["schema"], data["paradigm"], data["variant"], data["driver"], data["seed"]) == (
-        "carls-dask/result/1", "multimodal", "hard", "workbench", 1)
+        "carls-dask/result/2", "multimodal", "hard", "workbench", 1)
     assert data["settings"]["negatives"] == "hard" and data["settings"]["cache_dir"] == str(cache_dir)
     assert json.loads((run / "request.json").read_text())["settings"] == data["settings"]
     assert {n: (lp["kind"], lp["steps"]) for n, lp in data["loops"].items()} == {

@@ -133,17 +133,18 @@ def test_run_writes_strict_result_json_and_prints_the_headline(line: Line, tmp_p
     assert out.startswith("line fast (seed 0): weight 2.99") and f"run folder {run}" in out
     text = (run / "result.json").read_text()
     result = json.loads(text, parse_constant=lambda c: pytest.fail(f"result.json holds {c}"))
-    assert result["schema"] == "carls-dask/result/1"
+    assert result["schema"] == "carls-dask/result/2"
     assert (result["paradigm"], result["variant"], result["driver"]) == ("line", "fast", "inline")
     assert result["settings"]["lr"] == 0.1 and result["settings"]["steps"] == 40
     assert result["figures"]["nan_figure"] is None  # NaN is written as null
     assert result["loops"]["trainer"]["steps"] == 40 and result["loops"]["trainer"]["reason"] == "max_steps"
     assert {"carls-dask", "torch", "dask"} <= set(result["versions"])
     assert result["wall_seconds"] > 0
-    # --resume continues from the newest saved state: the weight then matches 80 uninterrupted steps
+    # --resume --steps extends it from the newest saved state: the weight then matches 80 uninterrupted steps
     assert main(["run", "--resume", str(run), "--steps", "80"]) == 0
     resumed = json.loads((run / "result.json").read_text())
-    assert resumed["resumed_from"] == 40 and resumed["loops"]["trainer"]["steps"] == 40
+    assert resumed["resumed_from"] == 40 and resumed["loops"]["trainer"]["steps"] == 80
+    assert [s["loops"]["trainer"]["steps"] for s in resumed["segments"]] == [40, 40]
     straight = tmp_path / "straight"
     assert main(["run", "line", "--inline", "--run-dir", str(straight), "--steps", "80", "-o", "lr=0.1"]) == 0
     assert resumed["figures"]["weight"] == json.loads((straight / "result.json").read_text())["figures"]["weight"]
@@ -165,6 +166,9 @@ def test_run_lists_and_refuses_without_running(line: Line, tmp_path: pathlib.Pat
     assert "unknown variant 'medium'; expected one of ['slow', 'fast']" in capsys.readouterr().err
     assert not run.exists()  # nothing ran after a refused request
     assert main(["run", "--resume", str(tmp_path / "nothing")]) == 1
+    assert f"resume {tmp_path / 'nothing'}: no such folder; expected a run folder" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["run", "--resume", str(tmp_path / "empty")]) == 1
     assert "no request.json there" in capsys.readouterr().err
 
 
