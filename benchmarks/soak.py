@@ -32,6 +32,7 @@ import numpy as np
 
 from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer, digits_table
+from carls_dask.storage.runfolder import RunFolder
 
 SOAK = "soak"
 WIDTH = 8
@@ -164,7 +165,7 @@ def run(minutes: float, *, trainers: int = 1, makers: int = 1, snapshot_every: f
     if workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="carls-soak-")
         workdir = tmp.name
-    root = str(pathlib.Path(workdir) / "bank")
+    root = str(RunFolder(workdir).bank)
     threads = trainers + makers
     n_workers = 2
     per_worker = -(-threads // n_workers)

@@ -274,3 +274,4 @@ def test_ctrl_c_names_the_step_the_checkpoint_and_the_resume_command(driver: lis
     assert lines[0].endswith(f"; checkpoint at step {kept} kept in {run}; continue with: carls-dask run --resume {run}")
     assert 40 <= kept <= reached and stopped_in < 60
     assert not (run / "result.json").exists()
+    assert RunFolder(run).unknown() == []  # the Workbench's run.json included
