@@ -320,6 +320,11 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
+def _no_value(v: Any) -> bool:
+    """Whether a figure has no value: ``None`` or a float that is not finite (``null`` in ``result.json``)."""
+    return v is None or (isinstance(v, float) and not math.isfinite(v))
+
+
 def _merge_figures(before: Mapping[str, Any], now: Mapping[str, Any], cumulative: Sequence[str]) -> dict[str, Any]:
     """The figures of a run extended by a segment: ``now``'s, ``before``'s where ``now`` has none, counts added."""
     out = dict(before)
@@ -327,8 +332,9 @@ def _merge_figures(before: Mapping[str, Any], now: Mapping[str, Any], cumulative
         if any(fnmatch.fnmatchcase(key, pattern) for pattern in cumulative) and _is_number(value) \
                 and _is_number(before.get(key)):
             out[key] = before[key] + value
-        elif value is None:
-            out.setdefault(key, None)
+        elif _no_value(value):
+            if _no_value(out.get(key)):
+                out[key] = value
         else:
             out[key] = value
     return out
@@ -369,7 +375,7 @@ def _earlier_segments(previous: Mapping[str, Any] | None) -> list[dict[str, Any]
 
 def _finish(plan: _Plan, driver: str, results: Mapping[str, LoopResult], restarts: Mapping[str, int]) -> RunResult:
     p = plan.paradigm
-    figures = strict_json(dict(p.summarize(plan.settings, results)))
+    figures = dict(p.summarize(plan.settings, results))
     snaps: list[dict[str, int]] = []
     if plan.bank_root is not None and plan.checkpointer is not None and plan.checkpointer.bank_root is not None:
         from carls_dask.storage import list_snapshots
@@ -381,7 +387,7 @@ def _finish(plan: _Plan, driver: str, results: Mapping[str, LoopResult], restart
                              "seconds": r.elapsed, "reason": r.reason, "restarts": int(restarts.get(n, 0)),
                              "metrics": dict(r.metrics)} for n, r in results.items()})
     segment = {"driver": driver, "from_step": primary.resumed_at, "to_step": primary.step, "started": plan.started,
-               "ended": ended, "wall_seconds": ended - plan.started, "figures": figures,
+               "ended": ended, "wall_seconds": ended - plan.started, "figures": strict_json(figures),
                "loops": {n: {k: v for k, v in lp.items() if k != "metrics"} for n, lp in loops.items()}}
     previous = plan.resume.previous if plan.resume is not None else None
     segments = [*_earlier_segments(previous), segment]
@@ -391,7 +397,7 @@ def _finish(plan: _Plan, driver: str, results: Mapping[str, LoopResult], restart
         loops = _merge_loops(previous.get("loops") or {}, loops)
         started = float(previous.get("started") or plan.started)
         wall += sum(float(s.get("wall_seconds") or 0.0) for s in segments[:-1])
-    missing = [k for k, v in figures.items() if v is None]
+    missing = [k for k, v in figures.items() if _no_value(v)]
     reasons = {k: v for k, v in p.missing_reasons(plan.settings, results, missing).items() if k in missing}
     result = RunResult(
         paradigm=p.name, variant=plan.variant, seed=int(getattr(plan.settings, "seed", 0)), driver=driver,

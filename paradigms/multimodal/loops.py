@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import pathlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -44,7 +43,6 @@ __all__ = [
     "CorpusMaker",
     "CorpusSpec",
     "corpus_tables",
-    "default_cache_dir",
     "dual_encoder",
     "initialise_bank",
     "load_corpus",
@@ -711,11 +709,3 @@ class ConceptClassifierTrainer(Trainer):
         out["sampled"] = float(min(self.n_sampled, self.ctx.bank.size(CONCEPTS))) if self.ctx is not None else 0.0
         out["step_ms"] = float(np.median(self.step_seconds) * 1e3) if self.step_seconds else float("nan")
         return out
-
-
-def default_cache_dir() -> pathlib.Path:
-    """Where rendered images and frozen features are cached: ``carls.data.dir``/multimodal, else ~/.cache."""
-    from carls_dask import config
-
-    base = config.get("data.dir")
-    return pathlib.Path(base) / "multimodal" if base else pathlib.Path.home() / ".cache" / "carls-dask" / "multimodal"

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from carls_dask.errors import ConfigError
+from carls_dask.locations import cache_dir
 from carls_dask.paradigms.data.sentences import SENTENCE_DIM
 from carls_dask.paradigms.multimodal.loops import (
     NEGATIVES,
@@ -35,7 +36,6 @@ from carls_dask.paradigms.multimodal.loops import (
     CorpusMaker,
     CorpusSpec,
     corpus_tables,
-    default_cache_dir,
     initialise_bank,
     load_corpus,
 )
@@ -47,6 +47,8 @@ __all__ = ["RECALLS", "Multimodal", "MultimodalSettings"]
 
 logger = logging.getLogger(__name__)
 
+#: The subfolder of ``carls.data.cache`` holding rendered images and frozen features (without a cache_dir setting).
+MULTIMODAL_CACHE = "multimodal"
 TRAINER = "trainer"
 CLASSIFIER = "classifier"
 MAKER = "corpus-maker"
@@ -233,7 +235,7 @@ class Multimodal(Paradigm):
         Loading renders the images and computes the frozen features when they are not cached yet,
         so the loops only read the caches, and a bad split fails before any cluster starts.
         """
-        folder = settings.cache_dir or str(default_cache_dir())
+        folder = str(cache_dir(MULTIMODAL_CACHE, settings.cache_dir))
         settings = dataclasses.replace(settings, cache_dir=folder,
                                        text_encoder=resolve_text_encoder(settings.text_encoder))
         corpus = load_corpus(settings.corpus())

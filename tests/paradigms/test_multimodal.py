@@ -25,7 +25,7 @@ LIMIT = 40
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    folder = tmp_path_factory.mktemp("data") / "multimodal"  # where carls.data.dir=<data> puts the caches
+    folder = tmp_path_factory.mktemp("cache") / "multimodal"  # where carls.data.cache=<cache> puts the caches
     folder.mkdir()
     return folder
 
@@ -340,7 +340,7 @@ def test_tables_and_loops_follow_the_settings(cache_dir: pathlib.Path) -> None:
         "hard", 60, 5, 10, 16)
     assert (classifier.max_steps, classifier.eval_every, classifier.dim) == (30, 5, 16)
     assert [type(lp).__name__ for lp in p.loops(_settings(cache_dir))] == ["ContrastiveTrainer", "CorpusMaker"]
-    with dask.config.set({"carls.data.dir": str(cache_dir.parent)}):
+    with dask.config.set({"carls.data.cache": str(cache_dir.parent)}):
         resolved = p.prepare(dataclasses.replace(_settings(cache_dir), cache_dir=None))
     assert resolved.cache_dir == str(cache_dir), "resolved on the client, so every loop gets the same folder"
 
@@ -369,7 +369,7 @@ def test_inline_runs_are_deterministic_and_a_resumed_run_equals_an_uninterrupted
     assert _reproducible(again.figures) == _reproducible(whole.figures)
     # bank negatives from the step after the first published version (10) and its maker round
     assert (whole["steps"], whole["bank_steps"], whole["classifier_steps"], whole["maker_rounds"]) == (40, 30, 15, 4)
-    assert first["steps"] == 20 and resumed.resumed_from == 20 and resumed.loops["trainer"]["steps"] == 20
+    assert first["steps"] == 20 and resumed.resumed_from == 20 and resumed.loops["trainer"]["steps"] == 40
     assert resumed.segments[-1]["figures"]["maker_rounds"] == 2, "the extension's own rounds: versions 30 and 40"
     same = _reproducible(resumed.figures)  # maker rounds add up over the two segments
     assert same == _reproducible(whole.figures), {k: (v, whole.figures[k]) for k, v in same.items()

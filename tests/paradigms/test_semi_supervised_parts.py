@@ -71,38 +71,17 @@ def test_citeseer_loads() -> None:
 def test_loader_errors_name_what_was_given(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match=r"'pubmed'.*cora, citeseer"):
         load_planetoid("pubmed", tmp_path)
-    with pytest.raises(StoreNotFoundError, match=r"data_dir argument: " + str(tmp_path)):
+    with pytest.raises(StoreNotFoundError, match=rf"data folder {tmp_path} \(the data_dir setting\): holds no "
+                                                 r"'planetoid' folder"):
         load_planetoid("cora", tmp_path)
-    monkeypatch.setenv("CARLS_DATA_DIR", str(tmp_path / "nowhere"))
-    import dask.config
-
-    import carls_dask.paradigms.data.planetoid as planetoid
-
-    monkeypatch.setattr(planetoid, "_REPO_ROOT", tmp_path / "repo")
-
-    with dask.config.set({"carls.data.dir": str(tmp_path / "configured")}):
-        with pytest.raises(StoreNotFoundError) as info:
-            find_data_dir()
-    msg = str(info.value)
-    assert "carls.data.dir setting" in msg and "CARLS_DATA_DIR" in msg and str(tmp_path / "nowhere") in msg
-    assert str(tmp_path / "shared" / "data") in msg  # the last resort beside the repository
+    with pytest.raises(StoreNotFoundError, match=rf"{tmp_path / 'gone'}, set by the data_dir setting, does not exist"):
+        load_planetoid("cora", tmp_path / "gone")
     (tmp_path / "planetoid").mkdir()
     with pytest.raises(StoreNotFoundError, match=r"cora\.npz"):
         load_planetoid("cora", tmp_path)
     np.savez(tmp_path / "planetoid" / "cora.npz", y=np.zeros(3))
     with pytest.raises(CorruptStoreError, match=r"missing arrays.*x_data"):
         load_planetoid("cora", tmp_path)
-
-
-def test_config_setting_and_env_var_are_used(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import dask.config
-
-    (tmp_path / "a" / "planetoid").mkdir(parents=True)
-    (tmp_path / "b" / "planetoid").mkdir(parents=True)
-    monkeypatch.setenv("CARLS_DATA_DIR", str(tmp_path / "b"))
-    assert find_data_dir() == tmp_path / "b"
-    with dask.config.set({"carls.data.dir": str(tmp_path / "a")}):
-        assert find_data_dir() == tmp_path / "a"
 
 
 # -- neighbours -------------------------------------------------------------------------------------
