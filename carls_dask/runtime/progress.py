@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import pathlib
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,7 +21,7 @@ from tqdm import tqdm
 
 from carls_dask.storage.runfolder import MAKER_STALENESS_S, MAKER_VERSION, STEPS_PER_S, TRAIN_LOSS
 
-__all__ = ["ProgressBook", "ProgressSink"]
+__all__ = ["ProgressBook", "ProgressSink", "work_bar"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +30,23 @@ class _Bar(tqdm):
     """A tqdm bar without tqdm's shared monitor thread (a Workbench leaves no threads behind)."""
 
     monitor_interval = 0
+
+
+def work_bar(total: int, what: str, *, unit: str = "item", cache: str | os.PathLike[str] | None = None,
+             show: bool | None = None) -> Any:
+    """A terminal bar for long work done once per machine (encoding a data set, computing features for a cache).
+
+    It counts ``unit`` of ``total`` with tqdm's rate and estimate of the time left, and its label says
+    where the result is cached (so the user knows the wait happens once) or that it is not. Use it as
+    a context manager and call ``update(n)``. ``show`` defaults to ``carls.runtime.progress``; when
+    false the bar draws nothing.
+    """
+    from carls_dask import config
+
+    visible = bool(config.get("runtime.progress", show))
+    where = f"cached in {cache}" if cache is not None else "not cached"
+    return _Bar(total=int(total), unit=unit, desc=f"{what} (once; {where})", disable=not visible, leave=True,
+                mininterval=1.0, file=sys.stderr)
 
 
 class ProgressBook:

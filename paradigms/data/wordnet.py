@@ -278,15 +278,22 @@ def synset_texts(synsets: Iterable[Synset]) -> list[str]:
     return [f"{', '.join(w.replace('_', ' ') for w in s.words)}: {s.gloss}" for s in synsets]
 
 
-def _tfidf(texts: Sequence[str], dim: int, seed: int) -> np.ndarray:
+def _tfidf(texts: Sequence[str], dim: int, seed: int, cache: pathlib.Path | None = None) -> np.ndarray:
     from sklearn.decomposition import TruncatedSVD
     from sklearn.feature_extraction.text import HashingVectorizer, TfidfTransformer
     from sklearn.preprocessing import normalize
 
-    counts = HashingVectorizer(n_features=2**18, alternate_sign=False, norm=None, stop_words="english",
-                               ngram_range=(1, 1)).transform(texts)
-    tfidf = TfidfTransformer(sublinear_tf=True).fit_transform(counts)
-    reduced = TruncatedSVD(n_components=dim, n_iter=4, random_state=seed).fit_transform(tfidf)
+    from carls_dask.runtime.progress import work_bar
+
+    with work_bar(3, f"TF-IDF features of {len(texts)} texts: hashing, weighting, SVD", unit="stage",
+                  cache=cache) as bar:
+        counts = HashingVectorizer(n_features=2**18, alternate_sign=False, norm=None, stop_words="english",
+                                   ngram_range=(1, 1)).transform(texts)
+        bar.update(1)
+        tfidf = TfidfTransformer(sublinear_tf=True).fit_transform(counts)
+        bar.update(1)
+        reduced = TruncatedSVD(n_components=dim, n_iter=4, random_state=seed).fit_transform(tfidf)
+        bar.update(1)
     return np.asarray(normalize(reduced), dtype=np.float32)
 
 
@@ -347,13 +354,14 @@ def gloss_features(texts: Sequence[str], features: str = "auto", *,
     if tfidf_dim < 2:
         raise ConfigError(f"WordNet tfidf_dim {tfidf_dim!r}: expected an integer >= 2")
 
+    name = f"tfidf{tfidf_dim}-{texts_digest(texts, f'tfidf{tfidf_dim}')}.npz"
+
     def compute() -> np.ndarray:
         t0 = time.monotonic()
-        out = _tfidf(texts, tfidf_dim, seed=0)
+        out = _tfidf(texts, tfidf_dim, seed=0, cache=pathlib.Path(cache_dir) / name if cache_dir is not None else None)
         logger.info("TF-IDF features of %d texts (%d dims) in %.1f s", len(texts), tfidf_dim, time.monotonic() - t0)
         return out
 
-    name = f"tfidf{tfidf_dim}-{texts_digest(texts, f'tfidf{tfidf_dim}')}.npz"
     return cached_array(cache_dir, name, "features", (len(texts), tfidf_dim), compute), kind
 
 
