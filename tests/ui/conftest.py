@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import pathlib
 import re
 import subprocess
@@ -17,7 +16,7 @@ import pytest
 pytest.importorskip("playwright")
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
-from tests.processes import free_port, stop_process
+from tests.processes import CARLS_DASK, console_env, free_port, stop_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -97,30 +96,30 @@ def wait_text(page: Page, pattern: str, timeout: float) -> None:
 
 @contextlib.contextmanager
 def serve_dashboard(runs: Sequence[pathlib.Path], log: pathlib.Path, **env_overrides: str) -> Iterator[str]:
-    """Serve the dashboard of ``runs`` with ``panel serve dashboards/app.py``; yields the page's URL, stops the server after."""
+    """Serve the dashboard of ``runs`` as a user does: the installed ``carls-dask dashboard`` command, from a folder
+    outside the checkout, without PYTHONPATH; yields the page's URL, stops the server after."""
     port = free_port()
-    env = dict(os.environ, DASK_CARLS__DASHBOARD__REFRESH="0.5s", **env_overrides)
-    cmd = [
-        sys.executable, "-m", "panel", "serve", str(ROOT / "dashboards" / "app.py"),
-        "--address", "127.0.0.1", "--port", str(port), "--allow-websocket-origin", f"127.0.0.1:{port}",
-        "--liveness", "--args", *[str(r) for r in runs],
-    ]
+    env = console_env(DASK_CARLS__DASHBOARD__REFRESH="0.5s", **env_overrides)
+    cmd = [CARLS_DASK, "dashboard", *[str(r) for r in runs], "--address", "127.0.0.1", "--port", str(port)]
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent, start_new_session=True
         )
+    url = f"http://127.0.0.1:{port}/app"
     try:
         deadline = time.monotonic() + START_DEADLINE
         while True:
-            assert proc.poll() is None, f"panel serve exited with {proc.returncode}: {log.read_text()[-3000:]}"
+            assert proc.poll() is None, f"carls-dask dashboard exited with {proc.returncode}: {log.read_text()[-3000:]}"
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/liveness", timeout=5):
+                with urllib.request.urlopen(url, timeout=60) as answer:
+                    assert answer.status == 200, answer.status
                     break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"panel serve did not answer in {START_DEADLINE} s: {log.read_text()[-3000:]}") from None
+                    raise TimeoutError(f"carls-dask dashboard did not answer in {START_DEADLINE} s: "
+                                       f"{log.read_text()[-3000:]}") from None
                 time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}/app"
+        yield url
     finally:
         stop_process(proc, group=True)  # the server and anything it started
 
