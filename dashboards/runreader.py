@@ -84,6 +84,8 @@ class RunReader:
         self._latest_stamp: tuple[int, ...] = ()
         self._truth: xr.DataArray | None = None
         self._truth_stamp = -1
+        self._damage: list[str] = []
+        self._damage_stamp: tuple[object, ...] = ()
         # Views refresh from several threads. One lock per cache, so that the cheap reads of the newest
         # state (every tick) never wait behind a long run of snapshot reads for the plots.
         self._snap_lock = threading.RLock()
@@ -115,10 +117,16 @@ class RunReader:
         """What the run lacks although it finished: each missing or unreadable part, one sentence each.
 
         Empty for a whole run and for one still going (see :func:`carls_dask.storage.runcheck.run_damage`).
+        Checked again only when the result, the metric store's commit record or the bank's manifest changed.
         """
         from carls_dask.storage.runcheck import run_damage
 
-        return run_damage(self.path)
+        stamp = (_mtime_ns(self.folder.result), _mtime_ns(self.metrics_path / "metrics.json"),
+                 _mtime_ns(self.bank_path / "manifest.json"), self.metrics_path.exists(), self.bank_path.exists())
+        if stamp != self._damage_stamp:
+            self._damage = run_damage(self.path)
+            self._damage_stamp = stamp
+        return list(self._damage)
 
     def problem(self) -> str | None:
         """A sentence saying why there is nothing to show yet, or ``None`` when the run has data."""

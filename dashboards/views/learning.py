@@ -15,7 +15,7 @@ from bokeh.models import DataRange1d
 from carls_dask.dashboards.figures import LiveLogCurves
 from carls_dask.dashboards.learning import MAKER_METRICS, SMOOTHING, X_AXES, Loops, curve, discover
 from carls_dask.dashboards.views.base import RunView, in_background
-from carls_dask.storage.runfolder import RESULT, RunFolder
+from carls_dask.storage.runfolder import RunFolder
 
 __all__ = ["LearningControls", "LearningView", "read_result"]
 
@@ -143,14 +143,8 @@ class LearningView(RunView):
         self._has_metrics = ds is not None
         if ds is None:
             self.loops = Loops()
-            damage = self.reader.damage()
-            if damage:
-                self._set_message(f"This run finished, but {'; '.join(damage)}: the curves cannot be shown.")
-            elif self.reader.finished():
-                self._set_message(f"This run finished without writing metrics (its {RESULT} is there, its metric "
-                                  "store is empty).")
-            else:
-                self._set_message("No metric store yet: the curves appear when the run writes its first metrics.")
+            self._set_absent("No metric store yet: the curves appear when the run writes its first metrics.",
+                             "the curves")
             return
         c = self._ctl
         loops = discover([str(v) for v in ds.data_vars], read_result(self.reader.path, self._result_cache))

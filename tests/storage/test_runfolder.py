@@ -115,7 +115,12 @@ def test_a_finished_run_that_lacks_a_part_is_named_by_report_and_dashboard(
     view = LearningView(reader=RunReader(run))
     view.refresh()
     assert view.message.startswith("This run finished, but metrics.zarr (the metric store: the learning curves) "
-                                   "is missing")
+                                   "is missing") and view.message.endswith(": the curves cannot be shown.")
+    from carls_dask.dashboards.dashboard import Dashboard
+
+    dash = Dashboard(run)
+    dash.refresh()
+    assert "**finished, but metrics.zarr (the metric store: the learning curves) is missing" in dash.status.object
     # a run still going (no result.json yet) is not damaged: it has not written everything yet
     (run / RESULT).unlink()
     assert run_damage(run) == []
