@@ -166,8 +166,9 @@ class ProgressSink:
                  metrics_path: str | pathlib.Path | None = None, run: str = "", desc: str | None = None,
                  initial: int = 0) -> None:
         self.book = book
+        # without a total yet (a Workbench learns it when the primary trainer is submitted) the bar waits for it
         self._bar: Any = (_Bar(total=total, initial=int(initial), unit="step", desc=desc or run or "run", leave=True,
-                               mininterval=1.0)
+                               mininterval=1.0, delay=0 if total is not None else 3600)
                           if show else None)
         self._writer: Any = None
         if metrics_path is not None:
@@ -184,7 +185,8 @@ class ProgressSink:
         """Start the bar at ``step`` (a resumed run's checkpoint), counting rate and estimate from there."""
         if self._bar is not None and step > self._bar.n:
             self._bar.initial = self._bar.n = self._bar.last_print_n = int(step)
-            self._bar.refresh()
+            if self._bar.total is not None:
+                self._bar.refresh()
 
     def set_total(self, total: int | None) -> None:
         """Change the expected total of trainer steps."""

@@ -144,8 +144,9 @@ class Curriculum(Paradigm):
         trainer = results[TRAINER]
         rounds = sum(len(r.rounds) for r in results.values() if r.kind == "maker")
         steps = trainer.step
+        took = f"{trainer.steps} steps" + (f" (from step {trainer.resumed_at})" if trainer.resumed_at else "")
         if steps < settings.refresh_every or rounds == 0:
-            why = (f"not measured: in {steps} steps the makers made {rounds} round(s) (they score each version the "
+            why = (f"not measured: in {took} the makers made {rounds} round(s) (they score each version the "
                    f"trainer publishes every {settings.publish_every} steps, publish_every) and the trainer read "
                    f"their scores every {settings.refresh_every} steps (refresh_every); run more steps or lower "
                    "publish_every and refresh_every")
@@ -153,6 +154,6 @@ class Curriculum(Paradigm):
         elif settings.clean != "none":
             why = (f"no label was flagged: a label is flagged after {settings.clean_rounds} maker rounds that reject it "
                    f"with confidence {settings.clean_confidence} (clean_rounds, clean_confidence), and the makers made "
-                   f"{rounds} round(s) in {steps} steps; run more steps or lower publish_every")
+                   f"{rounds} round(s) in {took}; run more steps or lower publish_every")
             reasons.update({name: why for name in missing if name in (FLAG_PRECISION, FLAG_RECALL)})
         return reasons
