@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -118,8 +119,17 @@ def test_no_module_imports_the_old_top_level_names() -> None:
 
 @pytest.mark.slow
 def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: pathlib.Path) -> None:
+    # build from a copy of the working tree's files (tracked and new, not ignored): a build folder left in the
+    # checkout by an earlier build cannot slip old modules into the wheel, and the checkout gets none
+    src = tmp_path / "src"
+    listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
     dist = tmp_path / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT)],
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
          cwd=tmp_path)
     wheels = sorted(dist.glob("carls_dask-*.whl"))
     assert len(wheels) == 1, wheels
