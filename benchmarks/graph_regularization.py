@@ -92,7 +92,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="any other setting of the bank variants (pseudo_fraction=0.4, ...)")
     p.add_argument("--in-process", action="store_true",
                    help="accuracy runs in this process, makers in lock step (deterministic, paired seeds)")
-    p.add_argument("--data-dir", default=None, help="data folder (default: carls.data.dir, CARLS_DATA_DIR, ../shared/data)")
+    p.add_argument("--data-dir", default=None, help="data folder (default: carls.data.dir, else CARLS_DATA_DIR, else ../shared/data beside the checkout)")
     p.add_argument("--variants", default="0,1,2,3",
                    help="accuracy variants to run, by index: 0 base, 1 in-graph, 2 bank, 3 bank + pseudo labels")
     p.add_argument("--skip-accuracy", action="store_true")
