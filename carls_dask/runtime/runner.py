@@ -278,6 +278,10 @@ class _Plan:
 def _plan(paradigm: Paradigm | str, settings: Any, variant: str | None, run_dir: str | os.PathLike[str] | None,
           driver: str, *, resume: _Resume | None = None) -> _Plan:
     p = _paradigm(paradigm)
+    folder = pathlib.Path(run_dir) if run_dir is not None else None
+    if resume is None and folder is not None and folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise ConfigError(f"run folder {folder}: already holds files; expected a new or empty folder "
+                          "(continue a run with carls-dask run --resume RUN_DIR)")
     if settings is None:
         name = p.variant_name(variant)
         settings = p.settings(name)
@@ -289,14 +293,10 @@ def _plan(paradigm: Paradigm | str, settings: Any, variant: str | None, run_dir:
     settings = p.prepare(settings)
     tables = list(p.tables(settings))  # asked once: a paradigm may read its data to answer
     trainers, makers = _split(p.loops(settings), p.name)
-    folder = pathlib.Path(run_dir) if run_dir is not None else None
     run_id = resume.run_id if resume is not None else uuid.uuid4().hex
     checkpointer = None
     if folder is not None:
         run = RunFolder(folder)
-        if resume is None and folder.exists() and any(folder.iterdir()):
-            raise ConfigError(f"run folder {folder}: already holds files; expected a new or empty folder "
-                              "(continue a run with carls-dask run --resume RUN_DIR)")
         folder.mkdir(parents=True, exist_ok=True)
         request = {"paradigm": p.name, "variant": name, "driver": driver, "settings": settings_to_json(settings),
                    "run_id": run_id, "primary": trainers[0].name}
