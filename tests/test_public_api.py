@@ -42,7 +42,8 @@ PUBLIC = {
     "carls_dask.paradigms": [],
     "carls_dask.paradigms.data": [],
     "carls_dask.paradigms.multimodal": [],
-    "carls_dask.paradigms.multimodal.paradigm": ["Multimodal", "MultimodalSettings", "RECALLS"],
+    "carls_dask.paradigms.multimodal.paradigm": ["Multimodal", "RECALLS"],
+    "carls_dask.paradigms.multimodal.settings": ["MultimodalSettings", "NEGATIVES"],
     "carls_dask.paradigms.semi_supervised": ["NodeClassifierCore", "SemiSupervised", "SemiSupervisedConfig"],
     "carls_dask.paradigms.curriculum": [
         "BANK_COLUMNS", "CLEAN_MODES", "PACING_SCHEDULES", "SCORERS", "TABLE", "CleaningRule", "Curriculum",
