@@ -44,7 +44,9 @@ PUBLIC = {
     "carls_dask.paradigms.multimodal": [],
     "carls_dask.paradigms.multimodal.paradigm": ["Multimodal", "RECALLS"],
     "carls_dask.paradigms.multimodal.settings": ["MultimodalSettings", "NEGATIVES"],
-    "carls_dask.paradigms.semi_supervised": ["NodeClassifierCore", "SemiSupervised", "SemiSupervisedConfig"],
+    "carls_dask.paradigms.semi_supervised": [
+        "NodeClassifierCore", "PseudoLabelSettings", "SemiSupervised", "SemiSupervisedConfig", "SemiSupervisedSettings",
+    ],
     "carls_dask.paradigms.curriculum": [
         "BANK_COLUMNS", "CLEAN_MODES", "PACING_SCHEDULES", "SCORERS", "TABLE", "CleaningRule", "Curriculum",
         "CurriculumData", "CurriculumSampler", "CurriculumSettings", "CurriculumTrainer", "DifficultyMaker",

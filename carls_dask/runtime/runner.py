@@ -45,7 +45,7 @@ from carls_dask.runtime.loops import MakerDriver, TrainerDriver
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.paradigm import Paradigm
 from carls_dask.runtime.progress import ProgressBook, ProgressSink
-from carls_dask.runtime.settings import settings_to_json, strict_json
+from carls_dask.runtime.settings import settings_from_json, settings_to_json, strict_json
 from carls_dask.runtime.trainer import Trainer
 
 __all__ = ["RESULT_SCHEMA", "RunResult", "resume_run", "run_inline", "run_paradigm"]
@@ -451,12 +451,7 @@ def resume_run(run_dir: str | os.PathLike[str], *, steps: int | None = None, inl
     saved = dict(request["settings"])
     if steps is not None:
         saved["steps"] = int(steps)
-    import typing
-
-    hints = typing.get_type_hints(p.settings_type)
-    kwargs = {k: (tuple(v) if isinstance(v, list) and typing.get_origin(hints.get(k)) is tuple else v)
-              for k, v in saved.items()}
-    settings = p.settings_type(**kwargs)
+    settings = settings_from_json(p.settings_type, saved, owner=f"resume {folder}")
     use_inline = request.get("driver") == "inline" if inline is None else bool(inline)
     logger.info("resuming %s %s in %s", p.name, request["variant"], folder)
     if use_inline:

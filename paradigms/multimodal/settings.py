@@ -6,9 +6,9 @@ import dataclasses
 import math
 from typing import Any
 
-from carls_dask.errors import ConfigError
 from carls_dask.paradigms.multimodal.data import CorpusSpec
 from carls_dask.paradigms.multimodal.text import TEXT_ENCODERS
+from carls_dask.runtime.settings import check_settings
 
 __all__ = ["NEGATIVES", "MultimodalSettings"]
 
@@ -149,14 +149,13 @@ class MultimodalSettings:
             (self.cache_dir is None or (isinstance(self.cache_dir, str) and bool(self.cache_dir)),
              f"cache_dir={self.cache_dir!r}; expected a folder or None"),
         ]
-        for ok, msg in checks:
-            if not ok:
-                raise ConfigError(f"multimodal settings: {msg}")
-        if self.image_size > 512:
-            raise ConfigError(f"multimodal settings: image_size={self.image_size!r}; expected an int in [8, 512]")
-        if self.limit is not None and self.test_concepts + self.n_val >= self.limit:
-            raise ConfigError(f"multimodal settings: n_test={self.test_concepts} and n_val={self.n_val} held out of "
-                              f"limit={self.limit} concepts; expected n_test + n_val < limit")
+        check_settings("multimodal settings", checks)
+        check_settings("multimodal settings", (
+            (self.image_size <= 512, f"image_size={self.image_size!r}; expected an int in [8, 512]"),
+            (self.limit is None or self.test_concepts + self.n_val < self.limit,
+             f"n_test={self.test_concepts} and n_val={self.n_val} held out of limit={self.limit} concepts; "
+             "expected n_test + n_val < limit"),
+        ))
 
     @property
     def test_concepts(self) -> int:

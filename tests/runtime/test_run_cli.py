@@ -6,7 +6,7 @@ import dataclasses
 import json
 import pathlib
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -19,7 +19,15 @@ from carls_dask.runtime.registry import (
     register_paradigm,
     unregister_paradigm,
 )
-from carls_dask.runtime.settings import describe_settings, field_docs, settings_from_options
+from carls_dask.runtime.settings import (
+    check_settings,
+    describe_settings,
+    field_docs,
+    get_setting,
+    settings_from_json,
+    settings_from_options,
+    settings_to_json,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +123,64 @@ def test_settings_parse_typed_values_and_name_the_bad_one() -> None:
     assert (info["widths"].type, info["note"].type, info["steps"].default) == ("ints a,b,...", "str or none", 30)
 
 
+@dataclasses.dataclass(frozen=True)
+class Noise:
+    """Noise added to the target.
+
+    Attributes
+    ----------
+    scale
+        Standard deviation of the ``noise`` (see :func:`numpy.random.normal`).
+    seed
+        Seed of the noise.
+    """
+
+    scale: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_settings("noise", ((self.scale >= 0, f"scale {self.scale!r}, expected >= 0"),))
+
+
+@dataclasses.dataclass(frozen=True)
+class NoisyLineSettings:
+    """Fit a line to a noisy target.
+
+    Attributes
+    ----------
+    steps
+        Trainer steps.
+    noise
+        The noise.
+    """
+
+    renamed: ClassVar[dict[str, str]] = {"noise_scale": "noise.scale"}
+
+    steps: int = 30
+    noise: Noise = dataclasses.field(default_factory=Noise)
+
+
+def test_a_group_is_named_group_dot_field_and_old_names_still_work() -> None:
+    s = settings_from_options(NoisyLineSettings, {"noise.scale": "0.5", "noise.seed": "3"})
+    assert s.noise == Noise(0.5, 3) and s.steps == 30
+    assert settings_from_options(NoisyLineSettings, {"noise_scale": "0.25"}).noise == Noise(0.25, 0)
+    assert settings_from_options(NoisyLineSettings, {}, base={"noise": {"seed": 4}}).noise == Noise(0.0, 4)
+    assert settings_from_options(NoisyLineSettings, {"noise.seed": "5"}, base={"noise": Noise(1.0, 4)}).noise == \
+        Noise(1.0, 5)
+    with pytest.raises(ConfigError, match=r"^noise: scale -1.0, expected >= 0$"):
+        settings_from_options(NoisyLineSettings, {"noise.scale": "-1"})
+    with pytest.raises(ConfigError, match=r"setting 'noise.colour'='red': unknown; expected one of "
+                                          r"\['noise.scale', 'noise.seed', 'steps'\]"):
+        settings_from_options(NoisyLineSettings, {"noise.colour": "red"})
+    # what a run folder keeps (groups nested), and the flat names of a folder written before the group
+    assert settings_from_json(NoisyLineSettings, settings_to_json(s)) == s
+    assert settings_from_json(NoisyLineSettings, {"steps": 30, "noise_scale": 0.5, "noise.seed": 3}) == s
+    assert [(i.name, i.default, i.meaning) for i in describe_settings(NoisyLineSettings, s)] == [
+        ("steps", 30, "Trainer steps."), ("noise.scale", 0.5, "Standard deviation of the noise (see normal)."),
+        ("noise.seed", 3, "Seed of the noise.")]
+    assert get_setting(s, "noise.seed") == 3
+
+
 def test_run_help_lists_every_setting_with_type_default_and_meaning(line: Line,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "line", "--variant", "slow", "--help"]) == 0
@@ -176,3 +242,4 @@ def test_registry_refuses_duplicates_and_non_paradigms(line: Line) -> None:
     assert "line" in available_paradigms()
     assert get_paradigm("line") is line
     assert {"semi-supervised", "curriculum", "multimodal"} <= set(available_paradigms())
+
