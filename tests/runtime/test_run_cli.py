@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import re
+import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -28,6 +30,7 @@ from carls_dask.runtime.settings import (
     settings_from_options,
     settings_to_json,
 )
+from tests.processes import CARLS_DASK, console_env
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,3 +246,57 @@ def test_registry_refuses_duplicates_and_non_paradigms(line: Line) -> None:
     assert get_paradigm("line") is line
     assert {"semi-supervised", "curriculum", "multimodal"} <= set(available_paradigms())
 
+
+# -- the help of the installed command --------------------------------------------------------------------------
+_ROW = re.compile(r"^  (?P<name>[a-z_.]+) \((?P<type>[^)]*), default (?P<default>.*)\)$")
+_MARKUP = re.compile(r"``|:[a-z]+:`")
+
+
+def _help(tmp_path: pathlib.Path, *argv: str) -> tuple[str, dict[str, tuple[str, str]]]:
+    """``carls-dask run ... --help`` as a user runs it: its text and ``{setting: (default, meaning)}``."""
+    proc = subprocess.run([CARLS_DASK, "run", *argv, "--help"], cwd=tmp_path, env=console_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows: dict[str, tuple[str, list[str]]] = {}
+    name = None
+    for line in proc.stdout.splitlines():
+        row = _ROW.match(line)
+        if row:
+            name = row["name"]
+            rows[name] = (row["default"], [])
+        elif name and line.startswith(" " * 6):
+            rows[name][1].append(line.strip())
+        else:
+            name = None
+    return proc.stdout, {k: (d, " ".join(m)) for k, (d, m) in rows.items()}
+
+
+@pytest.mark.parametrize(("paradigm", "datasets"), [
+    ("semi-supervised", ("Cora", "CiteSeer", "WordNet")),
+    ("curriculum", ("Fashion-MNIST", "digits")),
+    ("multimodal", ("OpenMoji",)),
+])
+def test_run_help_gives_each_setting_its_own_plain_words(paradigm: str, datasets: tuple[str, ...],
+                                                          tmp_path: pathlib.Path) -> None:
+    text, rows = _help(tmp_path, paradigm)
+    description = next(line for line in text.splitlines() if line.startswith(f"paradigm {paradigm}: "))
+    for dataset in datasets:
+        assert dataset in description, f"the description of {paradigm} does not name {dataset}: {description!r}"
+    settings = get_paradigm(paradigm).describe()
+    assert sorted(rows) == sorted(info.name for info in settings), "--help lists other settings than the paradigm has"
+    assert not _MARKUP.search(text), f"docstring markup in the help: {_MARKUP.findall(text)}"
+    meanings = [meaning for _, meaning in rows.values()]
+    assert all(meanings), f"settings without a meaning: {[k for k, (_, m) in rows.items() if not m]}"
+    shared = {m for m in meanings if meanings.count(m) > 1}
+    assert not shared, f"settings sharing one line of help: {shared}"
+
+
+def test_run_help_shows_the_defaults_the_chosen_data_set_uses(tmp_path: pathlib.Path) -> None:
+    _, cora = _help(tmp_path, "semi-supervised")
+    _, citeseer = _help(tmp_path, "semi-supervised", "--dataset", "citeseer")
+    _, wordnet = _help(tmp_path, "semi-supervised", "--dataset", "wordnet", "-o", "pseudo_weight=2")
+    assert (cora["dataset"][0], cora["pseudo.teacher"][0], cora["pseudo.selection"][0]) == ("cora", "student", "soft")
+    assert (citeseer["dataset"][0], citeseer["pseudo.teacher"][0]) == ("citeseer", "graph")  # its preset's teacher
+    assert (wordnet["pseudo.selection"][0], wordnet["pseudo.weight"][0], wordnet["unlabelled_batch"][0]) == (
+        "balanced", "2.0", "2048")  # the preset, the old name's value, and "every node" as WordNet reads it
+    assert cora["unlabelled_batch"][0] == "1000000" and cora["data_dir"][0] == "none"
