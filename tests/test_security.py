@@ -225,7 +225,7 @@ def test_served_dashboard_binds_all_interfaces_only_when_asked(tmp_path: pathlib
 
 @pytest.mark.slow
 def test_trainer_and_maker_run_over_tls() -> None:
-    from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer, digits_table
+    from carls_dask.examples.digits import DigitsMaker, DigitsTrainer, digits_table
 
     with Workbench(security="temporary", progress=False,
                    cluster_options={"n_workers": 2, "threads_per_worker": 1}) as wb:

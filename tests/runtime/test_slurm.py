@@ -17,8 +17,8 @@ import dask.config
 import numpy as np
 import pytest
 
+from carls_dask.examples.digits import DigitsMaker, DigitsTrainer, digits_table
 from carls_dask.runtime import State, Workbench
-from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer, digits_table
 from tests.runtime.helpers import run_until_knowledge_flows
 
 pytestmark = pytest.mark.slurm

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from carls_dask.errors import ConfigError, DeadlineExceeded, LifecycleError, LoopFailedError
+from carls_dask.examples.digits import DigitsMaker, DigitsTrainer, digits_table, load_digits_arrays
 from carls_dask.runtime import KnowledgeMaker, LoopContext, ModelVersion, State, Trainer, Workbench
-from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer, digits_table, load_digits_arrays
 from tests.runtime.helpers import run_until_knowledge_flows
 
 

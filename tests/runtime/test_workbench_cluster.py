@@ -10,8 +10,8 @@ import dask.config
 import psutil
 import pytest
 
+from carls_dask.examples.digits import DigitsMaker, DigitsTrainer
 from carls_dask.runtime import State, Workbench
-from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer
 
 # Thread pools that distributed creates once per process and keeps (not owned by a Workbench).
 PROCESS_WIDE = ("Dask-Offload",)
