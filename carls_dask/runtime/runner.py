@@ -205,7 +205,7 @@ def _plan(paradigm: Paradigm | str, settings: Any, variant: str | None, run_dir:
         if not resume:
             p.write_artifacts(settings, folder)
         checkpointer = Checkpointer(str(folder), int(config.get("run.snapshot-every")),
-                                    int(config.get("run.keep-snapshots")),
+                                    int(config.get("storage.keep-snapshots")),
                                     str(folder / "bank") if tables else None)
     return _Plan(p, name, settings, folder, checkpointer, resume, time.time(), tables)
 

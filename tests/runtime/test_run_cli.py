@@ -10,6 +10,7 @@ import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
+import dask.config
 import pytest
 
 from carls_dask.cli import main
@@ -216,6 +217,15 @@ def test_run_writes_strict_result_json_and_prints_the_headline(line: Line, tmp_p
     straight = tmp_path / "straight"
     assert main(["run", "line", "--inline", "--run-dir", str(straight), "--steps", "80", "-o", "lr=0.1"]) == 0
     assert resumed["figures"]["weight"] == json.loads((straight / "result.json").read_text())["figures"]["weight"]
+
+
+def test_a_run_keeps_the_newest_storage_keep_snapshots_checkpoints(line: Line, tmp_path: pathlib.Path) -> None:
+    from carls_dask.runtime import run_inline
+
+    with dask.config.set({"carls.run.snapshot-every": 5, "carls.storage.keep-snapshots": 2}):
+        run_inline(line, line.settings(None, steps=30), run_dir=tmp_path / "run")
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "trainer").iterdir())
+    assert kept == ["step-000000025.pt", "step-000000030.pt"], kept
 
 
 def test_run_lists_and_refuses_without_running(line: Line, tmp_path: pathlib.Path,
