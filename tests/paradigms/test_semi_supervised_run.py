@@ -7,7 +7,6 @@ import os
 import pathlib
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ from carls_dask.paradigms.semi_supervised.paradigm import ALL_NODES, SemiSupervi
 from carls_dask.paradigms.semi_supervised.settings import SemiSupervisedSettings
 from carls_dask.runtime import run_inline, run_paradigm
 from carls_dask.runtime.settings import settings_from_json, settings_to_json
+from tests.processes import wait_until
 
 PARADIGM = SemiSupervised()
 
@@ -266,12 +266,9 @@ def _kill_during(client: Any, run: pathlib.Path, after_step: int, pick: Any) -> 
 
     def kill() -> None:
         target = run / "checkpoints" / "trainer" / f"step-{after_step:09d}.pt"
-        deadline = time.monotonic() + 300
-        while not target.exists():
-            if time.monotonic() > deadline:
-                info["error"] = f"{target} never appeared"
-                return
-            time.sleep(0.05)
+        if not wait_until(target.exists, 300, interval=0.05):
+            info["error"] = f"{target} never appeared"
+            return
         worker = pick(client.run_on_scheduler(_holders))
         pid = client.run(os.getpid, workers=[worker])[worker]
         info["worker"] = worker
