@@ -41,7 +41,7 @@ PUBLIC = {
     "carls_dask.dashboards.views": ["CompareView", "CurriculumView", "DriftView", "HealthView", "LearningView", "PseudoLabelView"],
     "carls_dask.paradigms": [],
     "carls_dask.paradigms.data": [],
-    "carls_dask.paradigms.multimodal": [],
+    "carls_dask.paradigms.multimodal": ["Multimodal", "MultimodalSettings"],
     "carls_dask.paradigms.multimodal.paradigm": ["Multimodal", "RECALLS"],
     "carls_dask.paradigms.multimodal.settings": ["MultimodalSettings", "NEGATIVES"],
     "carls_dask.paradigms.semi_supervised": [

@@ -17,4 +17,7 @@
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from carls_dask.paradigms.multimodal.paradigm import Multimodal
+from carls_dask.paradigms.multimodal.settings import MultimodalSettings
+
+__all__ = ["Multimodal", "MultimodalSettings"]
