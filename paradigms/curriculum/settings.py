@@ -113,12 +113,12 @@ class CurriculumSettings:
     augment
         Augment the training images: each epoch (batch_size * steps examples per pass over the
         training set) every image is shifted by up to 2 pixels and mirrored with probability 1/2, a
-        pure function of (seed, epoch, example) (:mod:`~carls_dask.paradigms.curriculum.augment`).
+        pure function of (seed, epoch, example).
         Makers score the augmented images of the epoch of the model version they score.
     shared_loading
         "auto" (the default), "on" or "off" (true and false stand for "on" and "off"). With "on", the
         loops on one node read the data and each epoch's augmented images from one shared loader
-        (:mod:`carls_dask.loading.shared`) instead of each loading and augmenting its own; the run's
+        (carls_dask.loading) instead of each loading and augmenting its own; the run's
         results are the same. "auto" does so when the run augments and has makers (more than one loop
         transforms the same images) and the node has a writable /dev/shm, and loads separately, with
         a warning, when the node's shared memory cannot hold the loader; "on" makes either an error.
