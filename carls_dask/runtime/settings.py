@@ -31,7 +31,7 @@ from typing import Any
 from carls_dask.errors import ConfigError
 
 __all__ = ["SettingInfo", "check_settings", "describe_settings", "field_docs", "get_setting", "parse_setting",
-           "plain_text", "setting_names", "settings_from_json", "settings_from_options", "settings_to_json",
+           "plain_text", "settings_from_json", "settings_from_options", "settings_to_json",
            "settings_values", "strict_json"]
 
 _TRUE = ("1", "true", "yes", "on")
@@ -142,11 +142,6 @@ def _leaves(cls: type) -> dict[str, tuple[type, str, Any]]:
         else:
             out[f.name] = (cls, f.name, hints[f.name])
     return out
-
-
-def setting_names(cls: type) -> list[str]:
-    """The names of every setting of ``cls``, in field order (``group.field`` inside a group)."""
-    return list(_leaves(cls))
 
 
 def get_setting(settings: Any, name: str) -> Any:
