@@ -173,7 +173,7 @@ def _value(text: str) -> Any:
 
 
 def main() -> None:
-    from carls_dask.paradigms.multimodal.loops import load_corpus
+    from carls_dask.paradigms.multimodal.data import load_corpus
     from carls_dask.paradigms.multimodal.paradigm import Multimodal
 
     args = _args()

@@ -20,7 +20,6 @@ builds one.
 
 from __future__ import annotations
 
-import dataclasses
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -28,7 +27,7 @@ from typing import Any, ClassVar
 from carls_dask.errors import ConfigError
 from carls_dask.runtime.context import LoopResult
 from carls_dask.runtime.maker import KnowledgeMaker
-from carls_dask.runtime.settings import describe_settings, settings_from_options
+from carls_dask.runtime.settings import describe_settings, get_setting, settings_from_options, settings_values
 from carls_dask.runtime.trainer import Trainer
 
 __all__ = ["Paradigm"]
@@ -84,18 +83,20 @@ class Paradigm:
                  **overrides: Any) -> Any:
         """The settings of ``variant`` with ``overrides`` (typed values) and ``options`` (``key=value`` strings).
 
+        Settings are named as on the command line: ``group.field`` inside a group (as an override,
+        ``**{"pseudo.weight": 2}`` or the group whole, ``pseudo={"weight": 2}``), and the old names the
+        settings class keeps in ``renamed`` still work.
+
         Raises
         ------
         ConfigError
             For an unknown variant or setting, or a value the settings reject.
         """
         name = self.variant_name(variant)
-        fields = {f.name for f in dataclasses.fields(self.settings_type) if f.init}
-        unknown = sorted(set(overrides) - fields)
-        if unknown:
-            raise ConfigError(f"paradigm {self.name!r}: unknown settings {unknown}; expected some of {sorted(fields)}")
-        base = {**self.variants[name], **overrides}
-        return settings_from_options(self.settings_type, options or {}, base=base, owner=f"paradigm {self.name!r}")
+        owner = f"paradigm {self.name!r}"
+        base = {**settings_values(self.settings_type, self.variants[name], owner=owner),
+                **settings_values(self.settings_type, overrides, owner=owner)}
+        return settings_from_options(self.settings_type, options or {}, base=base, owner=owner)
 
     def variant_of(self, settings: Any) -> str:
         """The variant ``settings`` are closest to: most of its overrides matched, fewest contradicted.
@@ -107,14 +108,16 @@ class Paradigm:
 
         def score(name: str) -> tuple[int, int]:
             over = self.variants[name]
-            same = sum(getattr(settings, k, None) == v for k, v in over.items())
+            same = sum(_value(settings, k) == v for k, v in over.items())
             return same - (len(over) - same), int(name == default)
 
         return max(self.variants, key=score)
 
-    def describe(self, variant: str | None = None) -> list[Any]:
-        """Every setting with its type, default (in ``variant``) and meaning."""
-        return describe_settings(self.settings_type, self.settings(variant))
+    def describe(self, variant: str | None = None, options: Mapping[str, str] | None = None) -> list[Any]:
+        """Every setting with its type, default and meaning: the default is the value a run of ``variant``
+        with ``options`` (``key=value`` strings, such as ``{"dataset": "citeseer"}``) really uses, presets
+        of the data set included."""
+        return describe_settings(self.settings_type, self.settings(variant, options))
 
     # -- what a run is made of --------------------------------------------------------------
     def prepare(self, settings: Any) -> Any:
@@ -165,3 +168,12 @@ class Paradigm:
 
     def __repr__(self) -> str:
         return f"<Paradigm {self.name!r} variants {list(self.variants)}>"
+
+
+def _value(settings: Any, name: str) -> Any:
+    """Setting ``name`` of ``settings`` (an old name read as its new one), ``None`` when it has none."""
+    try:
+        key = dict(getattr(type(settings), "renamed", {})).get(name, name)
+        return get_setting(settings, key)
+    except AttributeError:
+        return None

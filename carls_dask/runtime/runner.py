@@ -64,7 +64,7 @@ from carls_dask.runtime.loops import MakerDriver, TrainerDriver
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.paradigm import Paradigm
 from carls_dask.runtime.progress import ProgressBook, ProgressSink
-from carls_dask.runtime.settings import settings_to_json, strict_json
+from carls_dask.runtime.settings import settings_from_json, settings_to_json, strict_json
 from carls_dask.runtime.trainer import Trainer
 from carls_dask.storage.runfolder import METRICS, REQUEST, RESULT, RunFolder
 
@@ -304,7 +304,7 @@ def _plan(paradigm: Paradigm | str, settings: Any, variant: str | None, run_dir:
         if resume is None:
             p.write_artifacts(settings, folder)
         checkpointer = Checkpointer(str(folder), int(config.get("run.snapshot-every")),
-                                    int(config.get("run.keep-snapshots")),
+                                    int(config.get("storage.keep-snapshots")),
                                     str(run.bank) if tables else None)
     return _Plan(p, name, settings, folder, checkpointer, resume, time.time(), run_id, trainers, makers, tables)
 
@@ -635,16 +635,6 @@ def run_inline(paradigm: Paradigm | str, settings: Any = None, *, variant: str |
     return _finish(plan, "inline", results, {})
 
 
-def _settings_of(p: Paradigm, saved: Mapping[str, Any]) -> Any:
-    """The settings object of ``p`` from its JSON form (lists back to tuples where the field is a tuple)."""
-    import typing
-
-    hints = typing.get_type_hints(p.settings_type)
-    kwargs = {k: (tuple(v) if isinstance(v, list) and typing.get_origin(hints.get(k)) is tuple else v)
-              for k, v in saved.items()}
-    return p.settings_type(**kwargs)
-
-
 def _primary_of(run: RunFolder, request: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str | None:
     """The name of the run's primary trainer: from ``request.json``, the result, or its only checkpoint folder."""
     if isinstance(request.get("primary"), str):
@@ -713,7 +703,7 @@ def _check_resume(folder: pathlib.Path, steps: int | None) -> tuple[dict[str, An
     if steps is not None:
         saved["steps"] = int(steps)
     try:
-        settings = _settings_of(p, saved)
+        settings = settings_from_json(p.settings_type, saved, owner=where)
     except TypeError as exc:
         raise ConfigError(f"{where}: the settings in {REQUEST} do not fit paradigm {p.name!r} ({exc})") from exc
     from carls_dask.storage.metrics import INDEX, WRITER_LOCK

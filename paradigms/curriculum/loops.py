@@ -26,9 +26,11 @@ from carls_dask.errors import ConfigError
 from carls_dask.paradigms.curriculum.augment import epoch_of
 from carls_dask.paradigms.curriculum.cleaning import clean_targets, detection_quality
 from carls_dask.paradigms.curriculum.feed import CurriculumFeed, LoadingOptions
+from carls_dask.paradigms.curriculum.models import make_model
 from carls_dask.paradigms.curriculum.sampler import CurriculumSampler
 from carls_dask.paradigms.curriculum.scoring import get_scorer
-from carls_dask.paradigms.curriculum.settings import TABLE, CurriculumSettings, make_model
+from carls_dask.paradigms.curriculum.settings import CurriculumSettings
+from carls_dask.paradigms.curriculum.tables import BANK_COLUMNS, TABLE
 from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
 from carls_dask.runtime.maker import KnowledgeMaker
@@ -42,23 +44,7 @@ from carls_dask.storage.runfolder import (
     SCORED_FRACTION,
 )
 
-__all__ = ["BANK_COLUMNS", "CurriculumTrainer", "DifficultyMaker", "difficulty_table", "evaluate"]
-
-BANK_COLUMNS = ("difficulty", "clean_difficulty", "pseudo_label", "confidence", "disagree_rounds")
-
-
-def difficulty_table(name: str = TABLE) -> Any:
-    """The bank table the curriculum writes: one row per training example."""
-    from carls_dask.bank.schema import Column, TableSpec
-
-    return TableSpec(name, columns=(
-        Column("difficulty", dtype="float32", shape=(), dims=()),
-        Column("clean_difficulty", dtype="float32", shape=(), dims=()),
-        Column("pseudo_label", dtype="int64", shape=(), dims=()),
-        Column("confidence", dtype="float32", shape=(), dims=()),
-        Column("disagree_rounds", dtype="int64", shape=(), dims=()),
-    ), optimizer=None)
-
+__all__ = ["CurriculumTrainer", "DifficultyMaker", "evaluate"]
 
 def _prepare(settings: CurriculumSettings, ctx: LoopContext, name: str) -> tuple[CurriculumFeed, Any]:
     """Set the worker's torch threads, open the loop's data feed and pick its device (trainer and maker alike)."""

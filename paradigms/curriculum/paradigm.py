@@ -1,4 +1,4 @@
-"""The curriculum paradigm as the runner sees it: settings, variants, the bank table, loops and figures.
+"""The curriculum paradigm as the runner sees it: variants, the bank table, loops and figures.
 
 Variants (``carls-dask run curriculum --variant NAME``):
 
@@ -25,8 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.paradigms.curriculum.loops import CurriculumTrainer, DifficultyMaker, difficulty_table
-from carls_dask.paradigms.curriculum.settings import CurriculumSettings, load_data
+from carls_dask.paradigms.curriculum.data import load_data
+from carls_dask.paradigms.curriculum.loops import CurriculumTrainer, DifficultyMaker
+from carls_dask.paradigms.curriculum.settings import CurriculumSettings
+from carls_dask.paradigms.curriculum.tables import difficulty_table
 from carls_dask.runtime.context import LoopResult
 from carls_dask.runtime.paradigm import Paradigm
 from carls_dask.storage.runfolder import (
@@ -70,7 +72,8 @@ class Curriculum(Paradigm):
     """Image classification under label noise with maker-scored difficulty, pacing and label cleaning."""
 
     name = "curriculum"
-    description = "Fashion-MNIST under label noise: maker-scored difficulty, paced sampling and label cleaning"
+    description = ("image classification under label noise on Fashion-MNIST and scikit-learn's 8x8 digits: maker-scored "
+                   "difficulty, paced sampling and label cleaning")
     settings_type = CurriculumSettings
     variants = {
         "uniform": {"pacing": "uniform", "clean": "none"},

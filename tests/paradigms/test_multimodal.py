@@ -143,7 +143,7 @@ def test_recall_at_k_counts_ties_against_the_query() -> None:
 # -- training ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def corpus_spec(cache_dir: pathlib.Path):  # type: ignore[no-untyped-def]
-    from carls_dask.paradigms.multimodal.loops import CorpusSpec
+    from carls_dask.paradigms.multimodal.data import CorpusSpec
 
     return CorpusSpec(size=32, limit=LIMIT, n_test=8, seed=1, cache_dir=str(cache_dir))
 
@@ -151,7 +151,7 @@ def corpus_spec(cache_dir: pathlib.Path):  # type: ignore[no-untyped-def]
 def test_validation_split_is_held_out_by_concept_and_leaves_test_unchanged(corpus_spec) -> None:  # type: ignore[no-untyped-def]
     import dataclasses
 
-    from carls_dask.paradigms.multimodal.loops import load_corpus
+    from carls_dask.paradigms.multimodal.data import load_corpus
 
     plain = load_corpus(corpus_spec)
     c = load_corpus(dataclasses.replace(corpus_spec, n_val=8))
@@ -167,9 +167,9 @@ def test_validation_split_is_held_out_by_concept_and_leaves_test_unchanged(corpu
 
 
 def test_dual_encoder_learns_to_align_its_training_pairs(corpus_spec) -> None:  # type: ignore[no-untyped-def]
+    from carls_dask.paradigms.multimodal.data import load_corpus
     from carls_dask.paradigms.multimodal.features import FEATURE_DIM
-    from carls_dask.paradigms.multimodal.loops import load_corpus
-    from carls_dask.paradigms.multimodal.model import DualEncoder
+    from carls_dask.paradigms.multimodal.models import DualEncoder
 
     torch.manual_seed(0)
     c = load_corpus(corpus_spec)
@@ -210,12 +210,8 @@ def test_trainer_rejects_bad_settings(corpus_spec) -> None:  # type: ignore[no-u
 def test_bank_negatives_are_encoded_by_the_current_model(client, corpus_spec) -> None:  # type: ignore[no-untyped-def]
     """The bank gives keys (a sample, or top-k by the maker's embeddings); the trainer encodes them itself."""
     from carls_dask.bank import KnowledgeBank
-    from carls_dask.paradigms.multimodal.loops import (
-        ContrastiveTrainer,
-        CorpusMaker,
-        corpus_tables,
-        initialise_bank,
-    )
+    from carls_dask.paradigms.multimodal.loops import ContrastiveTrainer, CorpusMaker
+    from carls_dask.paradigms.multimodal.tables import corpus_tables, initialise_bank
     from carls_dask.runtime import LocalModelChannel, LoopContext, ThreadStop
 
     bank = KnowledgeBank.create(client, corpus_tables(16), n_shards=2)
@@ -282,8 +278,9 @@ def _settings(cache_dir: pathlib.Path, variant: str = "uniform", **overrides: ob
 def test_settings_variants_options_and_their_errors(cache_dir: pathlib.Path) -> None:
     import dataclasses
 
-    from carls_dask.paradigms.multimodal.loops import CorpusSpec
-    from carls_dask.paradigms.multimodal.paradigm import Multimodal, MultimodalSettings
+    from carls_dask.paradigms.multimodal.data import CorpusSpec
+    from carls_dask.paradigms.multimodal.paradigm import Multimodal
+    from carls_dask.paradigms.multimodal.settings import MultimodalSettings
     from carls_dask.runtime import get_paradigm
 
     p = get_paradigm("multimodal")
@@ -405,7 +402,7 @@ def test_minilm_features_feed_the_bank_and_the_text_head(cache_dir: pathlib.Path
     import dataclasses
 
     from carls_dask.paradigms.data.sentences import SENTENCE_DIM, encode_sentences
-    from carls_dask.paradigms.multimodal.loops import load_corpus
+    from carls_dask.paradigms.multimodal.data import load_corpus
     from carls_dask.paradigms.multimodal.paradigm import Multimodal
     from carls_dask.runtime import run_inline
     from carls_dask.storage import open_bank
@@ -497,7 +494,8 @@ def test_workbench_run_writes_a_strict_json_result_snapshots_and_the_bank(
 
     from carls_dask.bank import to_int64_keys
     from carls_dask.paradigms.data.openmoji import cldr_concepts
-    from carls_dask.paradigms.multimodal.loops import dual_encoder, load_corpus
+    from carls_dask.paradigms.multimodal.data import load_corpus
+    from carls_dask.paradigms.multimodal.models import dual_encoder
     from carls_dask.paradigms.multimodal.paradigm import RECALLS, Multimodal
     from carls_dask.runtime import run_paradigm
     from carls_dask.storage import list_snapshots, open_bank, open_metrics

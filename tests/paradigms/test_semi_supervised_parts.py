@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,11 +12,7 @@ import torch
 
 from carls_dask.errors import ConfigError, CorruptStoreError, InvalidShapeError, StoreNotFoundError
 from carls_dask.paradigms.data.planetoid import find_data_dir, load_planetoid
-from carls_dask.paradigms.semi_supervised.core import (
-    NodeClassifierCore,
-    SemiSupervisedConfig,
-    expand_neighbour_rows,
-)
+from carls_dask.paradigms.semi_supervised.core import NodeClassifierCore, expand_neighbour_rows
 from carls_dask.paradigms.semi_supervised.loops import PseudoLabelMaker
 from carls_dask.paradigms.semi_supervised.loss import (
     graph_regularization,
@@ -32,6 +30,14 @@ from carls_dask.paradigms.semi_supervised.pseudo_labels import (
     sharpen,
     soft_pseudo_labels,
 )
+from carls_dask.paradigms.semi_supervised.settings import SemiSupervisedSettings
+from carls_dask.runtime.settings import settings_from_options
+
+
+def config(**values: Any) -> SemiSupervisedSettings:
+    """Settings from keyword values, the flat names of before the groups included (as ``-o`` reads them)."""
+    result: SemiSupervisedSettings = settings_from_options(SemiSupervisedSettings, {}, base=values)
+    return result
 
 
 def _data_dir() -> pathlib.Path:
@@ -297,47 +303,47 @@ def test_soft_target_loss_is_the_weighted_cross_entropy_against_the_targets() ->
 
 
 def test_pseudo_label_share_waits_for_the_warm_up_then_ramps() -> None:
-    cfg = SemiSupervisedConfig(pseudo_labels=True, pseudo_selection="balanced", pseudo_fraction=0.4,
+    cfg = config(pseudo_labels=True, pseudo_selection="balanced", pseudo_fraction=0.4,
                                pseudo_warmup=20, pseudo_ramp=40)
     maker = PseudoLabelMaker(config=cfg)
     assert [maker.fraction_at(s) for s in (0, 19, 20, 40, 60, 100)] == pytest.approx([0, 0, 0, 0.2, 0.4, 0.4])
-    cfg.pseudo_ramp = 0
+    maker.config = dataclasses.replace(cfg, pseudo=dataclasses.replace(cfg.pseudo, ramp=0))
     assert [maker.fraction_at(s) for s in (19, 20)] == pytest.approx([0, 0.4])
 
 
 # -- core -------------------------------------------------------------------------------------------
 def test_config_rejects_bad_values() -> None:
     with pytest.raises(ConfigError, match="mode 'graph'"):
-        SemiSupervisedConfig(mode="graph")
+        config(mode="graph")
     with pytest.raises(ConfigError, match="k 0"):
-        SemiSupervisedConfig(k=0)
+        config(k=0)
     with pytest.raises(ConfigError, match="pseudo_labels need mode 'bank'"):
-        SemiSupervisedConfig(mode="in-graph", pseudo_labels=True)
+        config(mode="in-graph", pseudo_labels=True)
     with pytest.raises(ConfigError, match=r"neighbour_temperature 0\.0, expected > 0"):
-        SemiSupervisedConfig(neighbour_temperature=0.0)
-    with pytest.raises(ConfigError, match=r"pseudo_selection 'top', expected one of \('threshold', 'balanced', 'soft', 'auto'\)"):
-        SemiSupervisedConfig(pseudo_selection="top")
-    with pytest.raises(ConfigError, match=r"pseudo_fraction 1\.2"):
-        SemiSupervisedConfig(pseudo_fraction=1.2)
-    with pytest.raises(ConfigError, match=r"pseudo_alpha 1\.0"):
-        SemiSupervisedConfig(pseudo_alpha=1.0)
-    with pytest.raises(ConfigError, match=r"pseudo_warmup -1"):
-        SemiSupervisedConfig(pseudo_warmup=-1)
-    with pytest.raises(ConfigError, match=r"pseudo_temperature 0\.0, expected > 0"):
-        SemiSupervisedConfig(pseudo_temperature=0.0)
+        config(neighbour_temperature=0.0)
+    with pytest.raises(ConfigError, match=r"pseudo.selection 'top', expected one of \('threshold', 'balanced', 'soft', 'auto'\)"):
+        config(pseudo_selection="top")
+    with pytest.raises(ConfigError, match=r"pseudo.fraction 1\.2"):
+        config(pseudo_fraction=1.2)
+    with pytest.raises(ConfigError, match=r"pseudo.alpha 1\.0"):
+        config(pseudo_alpha=1.0)
+    with pytest.raises(ConfigError, match=r"pseudo.warmup -1"):
+        config(pseudo_warmup=-1)
+    with pytest.raises(ConfigError, match=r"pseudo.temperature 0\.0, expected > 0"):
+        config(pseudo_temperature=0.0)
     with pytest.raises(ConfigError, match=r"graph_warmup -5, expected an integer >= 0"):
-        SemiSupervisedConfig(graph_warmup=-5)
-    with pytest.raises(ConfigError, match=r"propagation_steps -1"):
-        SemiSupervisedConfig(propagation_steps=-1)
-    with pytest.raises(ConfigError, match=r"pseudo_correct_alpha 1\.0, expected a value in \[0, 1\)"):
-        SemiSupervisedConfig(pseudo_correct_alpha=1.0)
-    with pytest.raises(ConfigError, match=r"pseudo_correct_scale -0\.5, expected >= 0"):
-        SemiSupervisedConfig(pseudo_correct_scale=-0.5)
+        config(graph_warmup=-5)
+    with pytest.raises(ConfigError, match=r"pseudo.propagation_steps -1"):
+        config(propagation_steps=-1)
+    with pytest.raises(ConfigError, match=r"pseudo.correct_alpha 1\.0, expected a value in \[0, 1\)"):
+        config(pseudo_correct_alpha=1.0)
+    with pytest.raises(ConfigError, match=r"pseudo.correct_scale -0\.5, expected >= 0"):
+        config(pseudo_correct_scale=-0.5)
 
 
 def test_core_variants_train_and_bank_mode_uses_the_given_neighbours(cora) -> None:  # type: ignore[no-untyped-def]
     torch.set_num_threads(1)
-    cfg = SemiSupervisedConfig(mode="in-graph", k=2, steps=30, unlabelled_batch=128, eval_every=10)
+    cfg = config(mode="in-graph", k=2, steps=30, unlabelled_batch=128, eval_every=10)
     core = NodeClassifierCore(cora, cfg)
     batch = core.sample_batch()
     assert batch[:140].tolist() == cora.train.tolist() and len(set(batch)) == 140 + 128
@@ -349,7 +355,7 @@ def test_core_variants_train_and_bank_mode_uses_the_given_neighbours(cora) -> No
     core.evaluate()
     assert core.best_test_accuracy() > 0.4  # 7 classes: chance is about 0.14-0.3
     # bank mode: the graph term is exactly the loss against the neighbour logits passed in
-    bank = NodeClassifierCore(cora, SemiSupervisedConfig(mode="bank", k=3, unlabelled_batch=16, lr=1e-9))
+    bank = NodeClassifierCore(cora, config(mode="bank", k=3, unlabelled_batch=16, lr=1e-9))
     b = bank.sample_batch()
     slots, _, uniq = bank.neighbour_keys(b)
     with torch.no_grad():
@@ -368,7 +374,7 @@ def test_neighbour_temperature_sharpens_the_bank_targets(cora) -> None:  # type:
     torch.set_num_threads(1)
     terms = {}
     for temp in (1.0, 0.5):
-        core = NodeClassifierCore(cora, SemiSupervisedConfig(mode="bank", k=3, unlabelled_batch=32, lr=1e-9,
+        core = NodeClassifierCore(cora, config(mode="bank", k=3, unlabelled_batch=32, lr=1e-9,
                                                              dropout=0.0, neighbour_temperature=temp))
         b = core.sample_batch()
         slots, weights, uniq = core.neighbour_keys(b)
@@ -385,14 +391,14 @@ def test_neighbour_temperature_sharpens_the_bank_targets(cora) -> None:  # type:
 
 def test_graph_warmup_leaves_the_graph_term_out_then_adds_it(cora) -> None:  # type: ignore[no-untyped-def]
     torch.set_num_threads(1)
-    core = NodeClassifierCore(cora, SemiSupervisedConfig(mode="in-graph", k=2, unlabelled_batch=16, graph_warmup=2))
+    core = NodeClassifierCore(cora, config(mode="in-graph", k=2, unlabelled_batch=16, graph_warmup=2))
     outs = [core.train_step(core.sample_batch()) for _ in range(3)]
     assert ["graph" in o for o in outs] == [False, False, True]
 
 
 def test_soft_targets_drive_the_pseudo_term(cora) -> None:  # type: ignore[no-untyped-def]
     torch.set_num_threads(1)
-    cfg = SemiSupervisedConfig(mode="bank", k=2, unlabelled_batch=8, pseudo_labels=True, pseudo_selection="soft",
+    cfg = config(mode="bank", k=2, unlabelled_batch=8, pseudo_labels=True, pseudo_selection="soft",
                                dropout=0.0, lr=1e-9)
     core = NodeClassifierCore(cora, cfg)
     b = core.sample_batch()

@@ -7,16 +7,15 @@ import pathlib
 import re
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
 pytest.importorskip("playwright")
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
-from tests.processes import CARLS_DASK, console_env, free_port, stop_process
+from tests.processes import CARLS_DASK, console_env, free_port, stop_process, wait_for, wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -85,6 +84,11 @@ def page_texts(page: Page) -> list[str]:
     return list(page.evaluate(_ALL_TEXT))
 
 
+def page_wait(page: Page) -> Callable[[float], None]:
+    """A ``sleep`` for :func:`~tests.processes.wait_for` that lets the page run while the test waits (seconds)."""
+    return lambda seconds: page.wait_for_timeout(seconds * 1000)
+
+
 def wait_text(page: Page, pattern: str, timeout: float) -> None:
     """Wait up to ``timeout`` seconds for text matching ``pattern``; the failure lists what the page shows."""
     try:
@@ -107,18 +111,17 @@ def serve_dashboard(runs: Sequence[pathlib.Path], log: pathlib.Path, **env_overr
         )
     url = f"http://127.0.0.1:{port}/app"
     try:
-        deadline = time.monotonic() + START_DEADLINE
-        while True:
+
+        def answers() -> bool:
             assert proc.poll() is None, f"carls-dask dashboard exited with {proc.returncode}: {log.read_text()[-3000:]}"
             try:
                 with urllib.request.urlopen(url, timeout=60) as answer:
-                    assert answer.status == 200, answer.status
-                    break
+                    return bool(answer.status == 200)
             except OSError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"carls-dask dashboard did not answer in {START_DEADLINE} s: "
-                                       f"{log.read_text()[-3000:]}") from None
-                time.sleep(0.5)
+                return False
+
+        wait_for(answers, lambda: f"carls-dask dashboard did not answer in {START_DEADLINE} s: {log.read_text()[-3000:]}",
+                 START_DEADLINE, interval=0.5)
         yield url
     finally:
         stop_process(proc, group=True)  # the server and anything it started
@@ -159,12 +162,10 @@ def start_writer(tmp_path: pathlib.Path, *args: str) -> tuple[pathlib.Path, subp
         [sys.executable, "-m", "tests.dashboards.runfolder", str(run), "--period", "0.7", *args],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp_path / "writer.log").open("wb"),
     )
-    deadline = time.monotonic() + 120
-    while not (run / "writer.progress").exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_process(proc)
-            raise AssertionError(f"the run writer wrote nothing (status {proc.returncode}): {(tmp_path / 'writer.log').read_text()[-3000:]}")
-        time.sleep(0.2)
+    progress = run / "writer.progress"
+    if not wait_until(lambda: progress.exists() or proc.poll() is not None, 120, interval=0.2) or not progress.exists():
+        stop_process(proc)
+        raise AssertionError(f"the run writer wrote nothing (status {proc.returncode}): {(tmp_path / 'writer.log').read_text()[-3000:]}")
     return run, proc
 
 
