@@ -123,7 +123,8 @@ def test_a_run_resumed_from_its_newest_checkpoint_ends_as_an_uninterrupted_one(d
         resumed = resume_run(tmp_path / "cut", steps=50)
         straight = run_inline(PARADIGM, PARADIGM.settings("bank+pseudo", steps=50, **small),
                               run_dir=tmp_path / "straight")
-    assert resumed.resumed_from == 30 and resumed.loops["trainer"]["steps"] == 20
+    assert resumed.resumed_from == 30 and resumed.loops["trainer"]["steps"] == 50  # over both segments
+    assert [seg["loops"]["trainer"]["steps"] for seg in resumed.segments] == [30, 20]
     for key in ("test_acc", "best_val_acc", "best_step", "pl_precision", "pl_coverage"):
         assert resumed[key] == straight[key], key
 
