@@ -1,8 +1,11 @@
 """The user docs in ``docs/``: every ```python block runs, the configuration page matches carls.yaml.
 
+Every page of ``docs/`` is found by its file name (a new page is tested without being listed here).
 Blocks of one page run in order in one namespace, in a fresh Python process whose working folder is
 a temporary one (so relative run folders land there). A block fenced ```python no-run is skipped; it
-is allowed only for code that needs a Slurm cluster, and must say so in its first line.
+is allowed only for code that needs a Slurm cluster, and must say so in its first line. The README
+links every page, and every relative link of the README and the pages names a file that exists (and,
+for a page, a heading that exists).
 """
 
 from __future__ import annotations
@@ -21,8 +24,7 @@ from carls_dask import config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-PAGES = ("concepts", "bank-api", "slurm", "writing-a-maker", "writing-a-paradigm", "configuration", "dynamic-memory",
-         "change-feeds", "shared-loading")
+PAGES = tuple(sorted(page.stem for page in DOCS.glob("*.md")))
 FENCE = re.compile(r"^```(?P<info>[^\n]*)\n(?P<body>.*?)^```[ \t]*$", re.M | re.S)
 PAGE_TIMEOUT = 600  # seconds all blocks of one page may take
 
@@ -50,11 +52,11 @@ def python_blocks(page: pathlib.Path) -> tuple[list[tuple[int, str]], list[tuple
     return run, skip
 
 
-def test_every_page_exists_and_the_readme_links_it() -> None:
+def test_every_page_is_linked_from_the_readme() -> None:
     readme = (ROOT / "README.md").read_text()
-    for name in PAGES:
-        assert (DOCS / f"{name}.md").is_file(), f"docs/{name}.md is missing"
-        assert f"](docs/{name}.md)" in readme, f"README.md does not link docs/{name}.md"
+    assert len(PAGES) >= 10, f"found only {PAGES} in {DOCS}"
+    missing = [name for name in PAGES if f"](docs/{name}.md" not in readme]
+    assert not missing, f"README.md does not link docs/{', docs/'.join(missing)}.md"
 
 
 @pytest.mark.parametrize("name", PAGES)
@@ -65,11 +67,56 @@ def test_skipped_blocks_are_slurm_only_and_say_so(name: str) -> None:
         assert "Slurm" in first, f"docs/{name}.md:{line}: a no-run block must be Slurm-only and say so first"
 
 
-@pytest.mark.parametrize("name", PAGES)
-def test_internal_links_resolve(name: str) -> None:
-    text = (DOCS / f"{name}.md").read_text()
-    for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", text):
-        assert (DOCS / target).is_file(), f"docs/{name}.md links {target}, which does not exist"
+LINK = re.compile(r"\[[^\]]*\]\((?P<target>[^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6}[ \t]+(?P<title>.+?)[ \t]*#*[ \t]*$", re.M)
+
+
+def _prose(text: str) -> str:
+    """``text`` without its fenced blocks (their ``#`` lines are not headings, their brackets not links)."""
+    return FENCE.sub("", text)
+
+
+def anchors(page: pathlib.Path) -> set[str]:
+    """The anchors GitHub makes of a page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    seen: dict[str, int] = {}
+    out = set()
+    for m in HEADING.finditer(_prose(page.read_text())):
+        slug = re.sub(r"[^\w\- ]", "", m.group("title").strip().lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        out.add(slug if count == 0 else f"{slug}-{count}")
+    return out
+
+
+def broken_links(page: pathlib.Path) -> list[str]:
+    """Relative links of ``page`` whose file (or, for a page, heading) does not exist."""
+    broken = []
+    for m in LINK.finditer(_prose(page.read_text())):
+        target = m.group("target")
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):   # http:, https:, mailto: ...
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(f"{target} (no file {file})")
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(f"{target} (no heading #{anchor} in {file.name})")
+    return broken
+
+
+@pytest.mark.parametrize("page", ["README.md", *(f"docs/{name}.md" for name in PAGES)])
+def test_relative_links_resolve(page: str) -> None:
+    broken = broken_links(ROOT / page)
+    assert not broken, f"{page} links to what does not exist: {broken}"
+
+
+def test_a_broken_link_is_found(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "other.md").write_text("# Other page\n\n## A `code` heading, with punctuation\n")
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\n[ok](other.md#a-code-heading-with-punctuation) [ok](#page) [web](https://x.org/y)\n"
+                    "[gone](missing.md) [bad anchor](other.md#nowhere)\n```text\n[in a block](ignored.md)\n```\n")
+    assert broken_links(page) == [f"missing.md (no file {tmp_path / 'missing.md'})",
+                                  "other.md#nowhere (no heading #nowhere in other.md)"]
 
 
 @pytest.mark.slow

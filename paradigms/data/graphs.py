@@ -34,8 +34,7 @@ GRAPH_NAMES: tuple[str, ...] = (*PLANETOID_NAMES, *_WORDNET)
 #: Unlabelled nodes per step on WordNet where a variant asks for every one (Cora's bank setting):
 #: 81,595 nodes a step would make each step a forward pass over the whole graph. 2,048 unlabelled
 #: nodes (with the 520 labelled ones) give each step ~2.5k nodes, about Cora's whole graph. Chosen
-#: on the WordNet validation split (bank variant, seeds 10 and 11, 200 steps): 512 val 67.1 %,
-#: 2,048 val 69.4 %, 8,192 val 70.5 % at a third of the step rate (README "WordNet nouns").
+#: on the WordNet validation split (the comparison is in docs/results.md).
 WORDNET_UNLABELLED_BATCH = 2048
 
 def _key(name: str) -> str:
