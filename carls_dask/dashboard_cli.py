@@ -94,6 +94,7 @@ def panel_command(
         sys.executable, "-m", "panel", "serve", str(app_path()),
         "--address", address, "--port", str(port),
         "--allow-websocket-origin", f"{address}:{port}",
+        "--liveness",  # GET /liveness answers while the server's event loop does: for health checks and proxies
     ]
     if address in ("127.0.0.1", "localhost"):
         cmd += ["--allow-websocket-origin", f"localhost:{port}" if address == "127.0.0.1" else f"127.0.0.1:{port}"]

@@ -130,7 +130,7 @@ def test_dashboard_command_binds_localhost_by_default(capsys: pytest.CaptureFixt
     assert "panel serve" in out and out.rstrip().endswith("--args runs/x")
     cmd = panel_command(pathlib.Path("r"), port=5123)
     assert cmd[cmd.index("--address") + 1] == "127.0.0.1"
-    assert "127.0.0.1:5123" in cmd and cmd[-2:] == ["--args", "r"]
+    assert "127.0.0.1:5123" in cmd and "--liveness" in cmd and cmd[-2:] == ["--args", "r"]
     with pytest.raises(ConfigError, match=r"port 70000 .* expected 1-65535"):
         panel_command(pathlib.Path("r"), port=70000)
     assert main(["dashboard", "runs/x", "--dry-run", "--refresh", "soon"]) == 1
