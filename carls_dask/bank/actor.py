@@ -20,6 +20,7 @@ import numpy as np
 from dask.utils import parse_bytes
 
 from carls_dask import config
+from carls_dask.bank import stages
 from carls_dask.bank.ann import AnnSettings
 from carls_dask.bank.core import LookupRows, ShardCore
 from carls_dask.bank.sampling import NegativeSample
@@ -40,9 +41,11 @@ def _locked(method: _F) -> _F:
 
     @functools.wraps(method)
     def wrapper(self: BankShard, *args: Any, **kwargs: Any) -> Any:
+        stages.begin()
         with self._lock:
             if method.__name__ not in _AFTER_RETIRE:
                 self._check_live()
+            stages.mark("shard", "lock")
             return method(self, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
@@ -223,6 +226,7 @@ class BankShard:
             if self._log is not None:  # allocations and frequencies are state: log the rows
                 self._log_evictions(table)
                 self._log_upsert(table, np.asarray(keys, dtype=np.int64), op_id)
+                stages.mark("shard", "delta log")
             self._remember(op_id, True)
         return res
 
@@ -236,9 +240,11 @@ class BankShard:
         milliseconds; when another call holds the shard (a snapshot, say), the read waits in a thread
         instead, so the event loop is never blocked on the shard.
         """
+        stages.begin()
         if self._lock.acquire(blocking=False):
             try:
                 self._check_live()  # a retired shard (its worker closing) re-routes reads too
+                stages.mark("shard", "lock")
                 return self.core.lookup_rows(table, keys, columns=columns, insert=False)
             finally:
                 self._lock.release()
@@ -257,6 +263,7 @@ class BankShard:
         written = self.core.update(table, keys, values, model_step=model_step, maker=maker)
         self._log_evictions(table)
         self._log_upsert(table, written, op_id)
+        stages.mark("shard", "delta log")
         self._remember(op_id, int(written.size))
         return int(written.size)
 
@@ -276,6 +283,7 @@ class BankShard:
         found = self.core.apply_gradients(table, keys, grads, column=column, learning_rate=learning_rate)
         if found.any():
             self._log_upsert(table, np.asarray(keys, dtype=np.int64)[found], op_id)
+        stages.mark("shard", "delta log")
         self._remember(op_id, found)
         return found
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from carls_dask import config
+from carls_dask.bank import stages
 from carls_dask.bank.actor import BankShard
 from carls_dask.bank.ann import METHODS
 from carls_dask.bank.changes import ChangeBatch, ChangeCursor
@@ -300,6 +301,7 @@ class KnowledgeBank:
         if self.n_shards == 1:
             return [(0, everything)]
         owner = self._owner[bucket_of(keys, self.buckets)]
+        stages.mark("client", "hashing")
         if self.n_shards <= 8:  # a few boolean passes beat a sort
             routes = [(s, idx) for s in range(self.n_shards) if (idx := np.flatnonzero(owner == s)).size]
         else:
@@ -307,6 +309,7 @@ class KnowledgeBank:
             counts = np.bincount(owner, minlength=self.n_shards)
             parts = np.split(order, np.cumsum(counts)[:-1])
             routes = [(s, idx) for s, idx in enumerate(parts) if idx.size]
+        stages.mark("client", "routing")
         if len(routes) == 1:
             return [(routes[0][0], everything)]
         return routes
@@ -316,7 +319,9 @@ class KnowledgeBank:
         every operation). Mutating calls get the batch's operation id. ``timeout`` bounds each call
         (default the call timeout)."""
         self._check_open()
-        return self._transport.call(stamp_op_ids(calls), self.timeout if timeout is None else timeout)
+        stamped = stamp_op_ids(calls)
+        stages.mark("client", "building calls")
+        return self._transport.call(stamped, self.timeout if timeout is None else timeout)
 
     def _every_shard(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
         """``method(*args)`` on every shard (a read, or a step that carries no operation id)."""
@@ -329,6 +334,7 @@ class KnowledgeBank:
         out = np.empty(n, dtype=bool)
         for (_, idx), p in zip(routes, parts, strict=True):
             out[idx] = p
+        stages.mark("client", "reassembly")
         return out
 
     def _keys(self, table: str, keys: Any) -> np.ndarray:
@@ -349,22 +355,27 @@ class KnowledgeBank:
         With ``insert=True`` missing keys are allocated with the deterministic initializer and every
         occurrence of a key adds one to its frequency.
         """
+        stages.begin()
         spec = self.spec(table)
         names = list(spec.column_names) if columns is None else [spec.column(c).name for c in columns]
         check_max_staleness(table, max_staleness)
         k = self._keys(table, keys)
+        stages.mark("client", "key conversion")
         routes = self._route(k)
+        split = [(s, k[idx]) for s, idx in routes]
+        stages.mark("client", "splitting")
         if insert:  # allocates and counts: a mutating batch
-            calls = [ShardCall(s, "lookup", (table, k[idx], names), {"insert": True}, mutating=True)
-                     for s, idx in routes]
+            calls = [ShardCall(s, "lookup", (table, ks, names), {"insert": True}, mutating=True) for s, ks in split]
         else:  # a read, which a remote shard serves on its worker's event loop
-            calls = [ShardCall(s, "lookup", (table, k[idx], names), loop_method="lookup_on_loop")
-                     for s, idx in routes]
+            calls = [ShardCall(s, "lookup", (table, ks, names), loop_method="lookup_on_loop") for s, ks in split]
         parts = self._call(calls)
         if len(routes) == 1:
-            return parts[0].result(max_staleness)
-        return gather_rows([(idx, r) for (_, idx), r in zip(routes, parts, strict=True)], k.shape[0],
-                           {c: spec.column(c) for c in names}, max_staleness)
+            out = parts[0].result(max_staleness)
+        else:
+            out = gather_rows([(idx, r) for (_, idx), r in zip(routes, parts, strict=True)], k.shape[0],
+                              {c: spec.column(c) for c in names}, max_staleness)
+        stages.mark("client", "reassembly")
+        return out
 
     def update(
         self,
@@ -376,17 +387,17 @@ class KnowledgeBank:
         maker: str = "",
     ) -> int:
         """Write column values (upsert; last write wins within a batch); returns distinct keys written."""
+        stages.begin()
         spec = self.spec(table)
         k = self._keys(table, keys)
+        stages.mark("client", "key conversion")
         checked = check_update(spec, k.shape[0], values, model_step, maker)
+        stages.mark("client", "validation")
         routes = self._route(k)
-        out = self._call(
-            [
-                ShardCall(s, "update", (table, k[idx], {c: v[idx] for c, v in checked.items()}, int(model_step), maker),
-                          mutating=True)
-                for s, idx in routes
-            ]
-        )
+        split = [(s, k[idx], {c: v[idx] for c, v in checked.items()}) for s, idx in routes]
+        stages.mark("client", "splitting")
+        out = self._call([ShardCall(s, "update", (table, ks, vs, int(model_step), maker), mutating=True)
+                          for s, ks, vs in split])
         return int(sum(out))
 
     def apply_gradients(
@@ -401,14 +412,18 @@ class KnowledgeBank:
 
         Returns ``bool[n]``: which keys were present and updated (absent keys are skipped, as in CARLS).
         """
+        stages.begin()
         spec = self.spec(table)
         k = self._keys(table, keys)
+        stages.mark("client", "key conversion")
         checked, _ = check_gradients(spec, k.shape[0], grads, column, learning_rate)
+        stages.mark("client", "validation")
+        routes = self._route(k)
+        split = {s: (k[idx], {c: v[idx] for c, v in checked.items()}) for s, idx in routes}
+        stages.mark("client", "splitting")
         return self._batch(
-            self._route(k),
-            lambda s, idx: ShardCall(
-                s, "apply_gradients", (table, k[idx], {c: v[idx] for c, v in checked.items()}, column, learning_rate),
-                mutating=True),
+            routes,
+            lambda s, idx: ShardCall(s, "apply_gradients", (table, *split[s], column, learning_rate), mutating=True),
             k.shape[0],
         )
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.bank import stages
 from carls_dask.bank.ann import METHODS, AnnIndex, AnnSettings
 from carls_dask.bank.bounds import TableBounds, choose_victims, expired_rows, low_water, victim_scores
 from carls_dask.bank.buffers import BufferPool
@@ -507,28 +508,34 @@ class ShardCore:
         rejected = None
         if insert:
             k, b, h = self._keys(t, keys)
+            stages.mark("shard", "key check and hashing")
             bnd = self.bounds.get(t.spec.name)
             if bnd is not None and bnd.ttl_due(now):
                 self._expire(t, bnd, now)
             uniq, first, inverse, counts = np.unique(k, return_index=True, return_inverse=True, return_counts=True)
+            stages.mark("shard", "dedupe")
             urows = t.index.find(uniq, t.keys, h[first])
             missing = urows < 0
+            stages.mark("shard", "index probe")
             est = None
             if bnd is not None:
                 missing, est = bnd.admit(uniq, counts, missing)
             if missing.any():
                 urows[missing] = self._allocate(t, uniq[missing], b[first[missing]], now, h[first[missing]])
                 t.prov["version"][urows[missing]] = 1
+            stages.mark("shard", "allocation")
             if bnd is None:
                 t.frequency[urows] += counts
             else:
                 urows = self._bounded_insert(t, bnd, uniq, h[first], counts, urows, missing, est, now)
                 if (urows < 0).any():
                     rejected = (urows < 0)[inverse]
+            stages.mark("shard", "provenance")
             self._mark(t, urows[urows >= 0] if rejected is not None else urows)
             if (order := self._rank_orders.get(table)) is not None:
                 order.note_changes(uniq.size)
             self.version += 1
+            stages.mark("shard", "change marks")
             rows = urows[inverse]
             meta = self.buffers.empty((k.shape[0], 4), np.int64)
             np.take(t.meta[:, 1:], rows, axis=0, out=meta, mode="clip")
@@ -536,17 +543,20 @@ class ShardCore:
                 meta[rejected] = _MISSING_META
         else:
             k = check_keys(t.spec.name, keys)
+            stages.mark("shard", "key check and hashing")
             rows = np.empty(k.shape[0], dtype=np.int64)
             meta = self.buffers.empty((k.shape[0], 4), np.int64)
             owned = self._owned_mask if self.check_ownership and not self._owns_all else None
             bad = t.index.read(k, t.meta, self.buckets, owned, rows, meta, _MISSING_META)
             if bad >= 0:
                 raise self._not_owned(t, int(k[bad]))
+            stages.mark("shard", "index probe")
         age = meta[:, 3].view(np.float64)
         np.subtract(now, age, out=age)  # wall time -> age (NaN stays NaN)
         found = (None if rejected is None else ~rejected) if insert else rows >= 0
         if found is not None and found.all():
             found = None
+        stages.mark("shard", "provenance")
         values = {}
         for name in names:
             col = t.cols[name]
@@ -555,6 +565,7 @@ class ShardCore:
             if found is not None:
                 out[~found] = 0
             values[name] = out
+        stages.mark("shard", "gather")
         return LookupRows(values=values, meta=meta, found=found, rejected=rejected)
 
     # -- bounded tables (see carls_dask.bank.bounds) ----------------------------------------------------
@@ -710,8 +721,10 @@ class ShardCore:
         """
         t = self.table(table)
         k, b, h = self._keys(t, keys)
+        stages.mark("shard", "key check and hashing")
         n = k.shape[0]
         checked = check_update(t.spec, n, values, model_step, maker)
+        stages.mark("shard", "validation")
         code = self.maker_code(maker)
         now = self.clock()
         bnd = self.bounds.get(t.spec.name)
@@ -720,14 +733,18 @@ class ShardCore:
         rev_uniq, rev_first = np.unique(k[::-1], return_index=True)
         last = n - 1 - rev_first
         uniq = k[last]
+        stages.mark("shard", "dedupe")
         urows = t.index.find(uniq, t.keys, h[last])
         missing = urows < 0
+        stages.mark("shard", "index probe")
         if missing.any():
             urows[missing] = self._allocate(t, uniq[missing], b[last[missing]], now, h[last[missing]])
+        stages.mark("shard", "allocation")
         for name, v in checked.items():
             t.cols[name][urows] = v[last]
         if self._ann:
             self._ann_touch(t, uniq)
+        stages.mark("shard", "write")
         self._touch(t, urows, now, int(model_step), code)
         if bnd is not None:  # an update always writes (no admission), then the cap holds again
             self._enforce_cap(t, bnd, urows)
@@ -740,8 +757,10 @@ class ShardCore:
             t.prov["model_step"][rows] = model_step
         if code is not None:
             t.prov["maker"][rows] = code
+        stages.mark("shard", "provenance")
         self._mark(t, rows)
         self.version += 1
+        stages.mark("shard", "change marks")
 
     def apply_gradients(
         self,
@@ -766,10 +785,13 @@ class ShardCore:
         t = self.table(table)
         spec = t.spec
         k, _, h = self._keys(t, keys)
+        stages.mark("shard", "key check and hashing")
         n = k.shape[0]
         checked, lr = check_gradients(spec, n, grads, column, learning_rate)
+        stages.mark("shard", "validation")
         rows = t.index.find(k, t.keys, h)
         found = rows >= 0
+        stages.mark("shard", "index probe")
         if not found.any():
             return found
         all_found = bool(found.all())
@@ -780,15 +802,18 @@ class ShardCore:
         for name, g in checked.items():
             # duplicates summed by row in batch order, in one compiled pass (see carls_dask.bank.gradsum)
             urows, summed = sum_by_row(frows, g if all_found else g[found])
+            stages.mark("shard", "dedupe")
             if name in t.slots:
                 cur = {s: a[urows] for s, a in t.slots[name].items()}
             else:
                 col = spec.column(name)
                 cur = initial_slots(spec.optimizer, urows.shape[0], col.shape, col.np_dtype,
                                     spec.adagrad_initial_accumulator)
+            weights = t.cols[name][urows]
+            stages.mark("shard", "gather")
             new_w, new_slots = apply_optimizer(
                 str(spec.optimizer),
-                t.cols[name][urows],
+                weights,
                 summed,
                 cur,
                 learning_rate=float(lr),
@@ -800,6 +825,7 @@ class ShardCore:
                     f"table {table!r}, column {name!r}: the {spec.optimizer} step would make weights non-finite; "
                     "nothing was changed"
                 )
+            stages.mark("shard", "optimizer arithmetic")
             results.append((name, new_w, new_slots))
         for name, new_w, new_slots in results:
             slots = t.ensure_slots(name)
@@ -808,6 +834,7 @@ class ShardCore:
                 slots[s][urows] = a
         if self._ann:
             self._ann_touch(t, t.keys[urows])
+        stages.mark("shard", "write")
         self._touch(t, urows, now, None, None)
         return found
 

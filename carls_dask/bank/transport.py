@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from carls_dask.bank import stages
 from carls_dask.errors import CarlsError, DeadlineExceeded, ShardLostError
 
 __all__ = [
@@ -186,6 +187,7 @@ class LocalTransport:
     def call(self, calls: Sequence[ShardCall], timeout: float) -> list[Any]:
         """Call each shard in turn; returns the answers in the order of ``calls`` (``timeout`` does not apply:
         the calls run in this thread)."""
+        stages.mark("client", "issuing calls")
         return [getattr(self.shards[c.shard], c.method)(*c.args, **c.send_kwargs) for c in calls]
 
     def local_shard(self, s: int) -> Any:
@@ -519,12 +521,14 @@ class DaskTransport:
         # otherwise they are sent now, so that they run while the co-located shards are called directly
         deferred = all(shard is None for shard in local.values())
         pending = [None if local[c.shard] is not None else self._issue(c, deferred) for c in calls]
+        stages.mark("client", "issuing calls")
         answers: dict[int, Any] = {
             i: self._direct(local[c.shard], c) for i, c in enumerate(calls) if local[c.shard] is not None
         }
         remote = [(i, calls[i].shard, fut) for i, fut in enumerate(pending) if fut is not None]
         if remote:
             answers.update(zip([i for i, _, _ in remote], self._wait(remote, timeout), strict=True))
+            stages.mark("client", "waiting")
         if any(isinstance(a, Failed) for a in answers.values()):
             self._recover(calls, answers, timeout)
         return [answers[i] for i in range(len(calls))]
