@@ -2,8 +2,9 @@
 
 A bank of ``--shards`` shard actors (default 2) on a two-worker LocalCluster holds one table
 ``embedding float32[64]`` with Adagrad (``--rows`` keys, default 400,000). For ``lookup``, ``update`` and
-``apply_gradients`` at batches of 4,096 and 65,536 fresh random keys it makes ``--calls`` calls and
-reports the CPU time of one call split into its parts, summed over the client and both workers:
+``apply_gradients`` at batches of 4,096 and 65,536 fresh random keys, and ``lookup(insert=True)`` of as many
+new keys (``insert``: the rows are allocated and initialised), it makes ``--calls`` calls and reports the CPU
+time of one call split into its parts, summed over the client and both workers:
 
 - the stages the code marks itself (:mod:`carls_dask.bank.stages`, switched on here in every process):
   the client's key conversion, validation, hashing, routing, splitting, building and issuing calls and
@@ -37,7 +38,7 @@ import numpy as np
 
 D = 64
 BATCHES = (4096, 65536)
-OPS = ("lookup", "update", "apply_gradients")
+OPS = ("lookup", "update", "apply_gradients", "insert")
 
 #: The order of the parts in the table: (part, stage).
 ORDER = [
@@ -209,10 +210,12 @@ def main() -> None:
             n = calls[b]
             batches = [rng.choice(keys, b) for _ in range(n + 1)]
             values = np.full((b, D), 0.01, np.float32)
+            fresh = [np.arange(i * b, (i + 1) * b, dtype=np.int64) + (b << 40) for i in range(n + 1)]  # new keys
             ops: dict[str, Callable[[int], Any]] = {
                 "lookup": lambda i, bs=batches: bank.lookup("bench", bs[i]),
                 "update": lambda i, bs=batches, v=values: bank.update("bench", bs[i], {"embedding": v}),
                 "apply_gradients": lambda i, bs=batches, v=values: bank.apply_gradients("bench", bs[i], v),
+                "insert": lambda i, fs=fresh: bank.lookup("bench", fs[i], insert=True),
                 "bare actor": lambda i, bs=batches: bare.get(bs[i]).result(),
             }
             for op, fn in ops.items():
