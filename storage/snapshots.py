@@ -302,9 +302,9 @@ def _gather(a: Any, order: np.ndarray | None, lo: int, hi: int) -> np.ndarray:
     """Rows ``lo:hi`` of ``a`` in bucket order (a copy of those rows only)."""
     if order is None:
         return np.ascontiguousarray(a[lo:hi])
-    if isinstance(a, np.ndarray):
+    if isinstance(a, np.ndarray) and a.flags.c_contiguous:
         return np.take(a, order[lo:hi], axis=0)
-    return np.asarray(a[order[lo:hi]])
+    return np.asarray(a[order[lo:hi]])  # a strided view (np.take would copy it whole first), or a row store
 
 
 def _write_array(z: zarr.Array, folder: pathlib.Path, a: Any, order: np.ndarray | None) -> None:

@@ -258,7 +258,10 @@ def take_rows(src: np.ndarray, pos: np.ndarray, out: np.ndarray | None = None) -
     if out is None:
         out = np.empty((pos.shape[0], *src.shape[1:]), dtype=src.dtype)
     if numba is None or not src.flags.c_contiguous or src.ndim == 1 or pos.shape[0] == 0:
-        np.take(src, pos, axis=0, out=out)
+        if src.flags.c_contiguous:
+            np.take(src, pos, axis=0, out=out)
+        else:  # np.take would copy a strided array whole before gathering
+            out[...] = src[pos]
         return out
     _take_compiled(_words(src), pos, _words(out))
     return out

@@ -550,7 +550,8 @@ class ShardCore:
             stages.mark("shard", "change marks")
             rows = urows[inverse]
             meta = self.buffers.empty((k.shape[0], 4), np.int64)
-            np.take(t.meta[:, 1:], rows, axis=0, out=meta, mode="clip")
+            # from the contiguous rows (a take from the column view t.meta[:, 1:] would copy the whole table first)
+            meta[...] = np.take(t.meta, rows, axis=0, mode="clip")[:, 1:]
             if rejected is not None:
                 meta[rejected] = _MISSING_META
         else:
@@ -674,8 +675,9 @@ class ShardCore:
     def row_arrays(self, table: str, rows: np.ndarray) -> dict[str, np.ndarray]:
         """Full rows (as :meth:`rows`) of row numbers ``rows`` (each below the table's size)."""
         t = self.table(table)
-        return {name: arr.take(rows, axis=0) if isinstance(arr, np.ndarray) else arr.take(rows)
-                for name, arr in t.arrays()}
+        # indexing, not take: the narrow arrays are column views of the provenance block, which np.take would
+        # copy whole before gathering
+        return {name: arr[rows] if isinstance(arr, np.ndarray) else arr.take(rows) for name, arr in t.arrays()}
 
     def _mark(self, t: TableState, rows: np.ndarray | slice) -> None:
         """Rows ``rows`` were written: mark them for the next snapshot and feed the table's change feeds."""
