@@ -234,7 +234,8 @@ def main() -> None:
             parser = "pure-Python parser"
 
     print()
-    print(f"rows/s at d={D}, fresh random keys, {n_rows:,}-row table (median of {reps} calls)")
+    calls = ", ".join(f"{r} calls at {b:,}" for b, r in reps.items())
+    print(f"rows/s at d={D}, fresh random keys, {n_rows:,}-row table (median of {calls})")
     print(f"{'path':30s}" + "".join(f"{f'batch {b:,}':>16s}" for b in BATCHES))
     for name, per in results.items():
         print(f"{name:30s}" + "".join(f"{per[b] / 1e6:13.3f} M/s" for b in BATCHES))
