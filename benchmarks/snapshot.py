@@ -10,8 +10,12 @@ Both sides run in the same process on the same disk, one after the other, ``--re
 
 Reads come from the page cache on both sides (nothing is dropped between write and read); every write of a
 repetition comes first, then one throw-away allocation of the bank's size (see ``settle``), then the reads.
-The target is >= 0.5x the raw speed both ways. Median and best of the runs are printed, with the load average,
-since other work on the machine skews both sides. Run: ``python benchmarks/snapshot.py [--rows N] [--dim D]``.
+The targets are a snapshot at >= 0.5x the raw write speed and a restore at >= 0.8x the raw read speed, judged
+on the median of the runs (a restore onto another shard count, and both without checksums, are shown without a
+target). Median and best of the runs are printed, with the load average, since other work on the machine skews
+both sides.
+Run: ``python benchmarks/snapshot.py [--rows N] [--dim D] [--repeat N]`` (about a minute at the defaults on
+an idle 2-core machine).
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ import numpy as np
 
 from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, read_snapshot, write_shard
 
-TARGET = 0.5
+#: Speed against raw I/O of the same bytes: a snapshot against a raw write, a restore against a raw read.
+SNAPSHOT_TARGET = 0.5
+RESTORE_TARGET = 0.8
 
 
 def _bucket(keys: np.ndarray, buckets: int) -> np.ndarray:
@@ -177,17 +183,17 @@ def main() -> None:
         print(f"{title} of {args.repeat} runs:")
         print(f"  {'raw write (tofile + fsync)':<38} {med['raw_w']:6.2f} s  {mb / med['raw_w']:7.0f} MB/s")
         print(f"  {'raw read (fromfile)':<38} {med['raw_r']:6.2f} s  {mb / med['raw_r']:7.0f} MB/s")
-        for label, key, base in (
-            ("snapshot (Zarr, CRC32C, fsync, commit)", "snap", "raw_w"),
-            ("restore (read_snapshot)", "rest", "raw_r"),
-            (f"restore onto {args.reshard} shards (by bucket)", "reshard", "raw_r"),
-            ("snapshot without checksums", "snap_nocrc", "raw_w"),
-            ("restore without checksums", "rest_nocrc", "raw_r"),
+        for label, key, base, target in (
+            ("snapshot (Zarr, CRC32C, fsync, commit)", "snap", "raw_w", SNAPSHOT_TARGET),
+            ("restore (read_snapshot)", "rest", "raw_r", RESTORE_TARGET),
+            (f"restore onto {args.reshard} shards (by bucket)", "reshard", "raw_r", None),
+            ("snapshot without checksums", "snap_nocrc", "raw_w", None),
+            ("restore without checksums", "rest_nocrc", "raw_r", None),
         ):
             ratio = med[base] / med[key]
-            ok = "meets" if ratio >= TARGET else "MISSES"
-            print(f"  {label:<38} {med[key]:6.2f} s  {mb / med[key]:7.0f} MB/s  {ratio:5.2f}x raw  "
-                  f"({ok} >= {TARGET}x)")
+            verdict = "    " if target is None else ("PASS" if ratio >= target else "FAIL")
+            print(f"  {verdict}  {label:<38} {med[key]:6.2f} s  {mb / med[key]:7.0f} MB/s  {ratio:5.2f}x raw  "
+                  + ("(no target)" if target is None else f"(target >= {target}x)"))
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ import sys
 import time
 from typing import Any
 
-from benchmarks import graph_regularization as gr
+import graph_regularization as gr  # the sibling script: a script's own folder is first on sys.path
+
 from carls_dask.paradigms.data.graphs import WORDNET_UNLABELLED_BATCH
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from carls_dask.errors import CorruptStoreError, LifecycleError, StoreNotFoundError
 from carls_dask.storage.deltalog import DeltaRecord, prune_segments, replay
 from carls_dask.storage.manifest import delta_seqs, entry_at_step, list_snapshots, read_manifest
-from carls_dask.storage.snapshots import prune_versions, read_deleted, read_snapshot
+from carls_dask.storage.snapshots import iter_snapshot, prune_versions, read_deleted, read_snapshot
 
 __all__ = [
     "MAKERS_TABLE",
@@ -156,6 +156,10 @@ class BankReplay:
     records : sequence of DeltaRecord, optional
         Records already read from the log (as :func:`~carls_dask.storage.deltalog.replay` yields them),
         used instead of reading it again.
+    block_bytes : int, optional
+        Yield a snapshot's rows in batches of about this many bytes (whole chunks; see
+        :func:`~carls_dask.storage.snapshots.iter_snapshot`), so that whoever applies them one at a time
+        holds one batch beside what it loaded; None (the default) yields one batch per saved shard and table.
 
     Attributes
     ----------
@@ -183,6 +187,7 @@ class BankReplay:
         buckets: Iterable[int] | np.ndarray | None = None,
         tables: Sequence[str] | None = None,
         records: Sequence[DeltaRecord] | None = None,
+        block_bytes: int | None = None,
     ) -> None:
         if replay_log and log_root is None and root is None:
             raise StoreNotFoundError("bank replay: neither a snapshot store nor a log store; expected root or log_root")
@@ -194,6 +199,7 @@ class BankReplay:
         self.buckets = None if buckets is None else np.unique(np.asarray(
             buckets if isinstance(buckets, np.ndarray) else list(buckets), dtype=np.int64))
         self.records = records
+        self.block_bytes = block_bytes
         self.manifest: dict[str, Any] | None = None
         self.version = -1
         if self.root is not None:
@@ -202,6 +208,26 @@ class BankReplay:
             self.version = int(self.manifest["version"])
         self.makers: list[str] = list(self.manifest["makers"]) if self.manifest is not None else []
         self._used = False
+
+    def expected_rows(self) -> dict[str, int]:
+        """About how many rows of each table the snapshot holds in :attr:`buckets` (all rows without a bucket set).
+
+        A saved shard's rows are counted in proportion to the share of its buckets that are wanted (keys
+        hash evenly over buckets), with a margin: what a restoring shard reserves before it loads them.
+        """
+        man = self.manifest
+        if man is None:
+            return {}
+        want = None if self.buckets is None else set(self.buckets.tolist())
+        out: dict[str, float] = {}
+        for info in man["shards"].values():
+            owned = info.get("meta", {}).get("owned_buckets") or []
+            share = 1.0 if want is None or not owned else len(want.intersection(owned)) / len(owned)
+            for table, tinfo in info["tables"].items():
+                if self.tables is not None and table not in self.tables:
+                    continue
+                out[table] = out.get(table, 0) + int(tinfo.get("rows", 0)) * share
+        return {t: int(n if want is None else n * 1.02 + 1024) for t, n in out.items()}
 
     def __iter__(self) -> Iterator[RowBatch]:
         if self._used:
@@ -237,8 +263,13 @@ class BankReplay:
                         if arrays["keys"].size:
                             yield RowBatch(table, "delete", arrays, list(self.makers), int(s_key), 0,
                                            int(vman["step"]), layered)
-                data = read_snapshot(self.root, v, self.buckets, tables=self.tables, shards=[int(s_key)])
-                for table, arrays in data.items():
+                if self.block_bytes is None:
+                    data: Iterable[tuple[str, dict[str, np.ndarray]]] = read_snapshot(
+                        self.root, v, self.buckets, tables=self.tables, shards=[int(s_key)]).items()
+                else:
+                    data = iter_snapshot(self.root, v, self.buckets, tables=self.tables, shards=[int(s_key)],
+                                         block_bytes=self.block_bytes)
+                for table, arrays in data:
                     if lut is not None and "prov/maker" in arrays:
                         arrays["prov/maker"] = lut[arrays["prov/maker"]]
                     yield RowBatch(table, "upsert", arrays, list(self.makers), int(s_key), 0, int(vman["step"]),

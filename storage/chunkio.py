@@ -1,24 +1,10 @@
 """Whole-chunk reads and writes of uncompressed snapshot arrays, straight to and from the chunk files.
 
 Why this exists rather than ``array[start:stop] = data`` and reads by slice through zarr-python: with
-zarr-python 3.1 the public path did not hold ``benchmarks/snapshot.py``'s targets (snapshot and restore
-at least 0.5x the speed of raw ``tofile``/``fromfile`` of the same bytes). Measured on this project's
-2-CPU machine, 1M rows x 64 float32 + Adagrad slot (560 MB), 2 shards, medians of 3 runs:
-
-=====================================  ======================  ============================
-path                                   snapshot / raw write    restore / raw read
-=====================================  ======================  ============================
-this module (hand-written chunks)      0.62x - 0.75x           0.60x - 0.97x
-zarr ``z[...] = a``, whole-array get   0.60x - 0.84x           0.51x - 0.54x
-zarr slices of one chunk, 4 threads    0.67x - 1.02x           0.30x - 0.36x
-=====================================  ======================  ============================
-
-(Ranges over separate runs on the shared machine. The zarr rows are a stand-alone trial of the same arrays
-without the bucket sort and bucket gathers a snapshot and a restore add, so they are upper bounds.)
-
-The public path ran its CRC32C and copies on Zarr's one event-loop thread, allocated a fresh buffer per
-chunk and wrote each chunk through a temporary file and a rename; the reads sat at the target's edge
-before the bucket gathers of a restore onto another shard count were added. So these few functions keep
+zarr-python 3.1 the public path runs its CRC32C and copies on Zarr's one event-loop thread, allocates a
+fresh buffer per chunk and writes each chunk through a temporary file and a rename, which kept snapshots
+and restores below ``benchmarks/snapshot.py``'s targets against raw ``tofile``/``fromfile`` of the same
+bytes (the comparison is in ``docs/scaling.md``). So these few functions keep
 the files exactly as Zarr lays them out for the ``bytes`` (+ ``crc32c``) codec chain: chunk ``i`` of an
 array is the file ``c/i/0...``, holding the chunk's C-order little-endian bytes (the last chunk padded
 with the fill value 0 to the full chunk shape), then, with checksums, the CRC32C of those bytes as 4
@@ -115,9 +101,9 @@ def write_chunks(z: zarr.Array, folder: pathlib.Path, a: Any, order: np.ndarray 
         stop = min(n, start + c)
         if order is not None:
             block = scratch((stop - start) * row_bytes).view(a.dtype).reshape(stop - start, *a.shape[1:])
-            if isinstance(a, np.ndarray):
+            if isinstance(a, np.ndarray) and a.flags.c_contiguous:
                 np.take(a, order[start:stop], axis=0, out=block)
-            else:  # a row store read by gathers (RowView of segmented storage)
+            else:  # a strided view (np.take would copy the whole array first), or a row store (RowView)
                 block[...] = a[order[start:stop]]
         else:
             block = np.ascontiguousarray(a[start:stop])

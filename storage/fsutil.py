@@ -59,8 +59,8 @@ def fsync_tree(path: str | os.PathLike[str]) -> int:
     """Make every file and directory below ``path`` durable; return the bytes of the files.
 
     On Linux one ``syncfs`` of the file system holding ``path`` does it (one journal commit instead of
-    one per file: about 4x faster for a snapshot's hundreds of chunk files here); elsewhere, or if that
-    call fails, each file and directory is fsynced.
+    one per file, which matters for a snapshot's hundreds of chunk files); elsewhere, or if that call
+    fails, each file and directory is fsynced.
     """
     total = 0
     files = []

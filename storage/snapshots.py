@@ -59,7 +59,7 @@ import pathlib
 import re
 import shutil
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -302,9 +302,9 @@ def _gather(a: Any, order: np.ndarray | None, lo: int, hi: int) -> np.ndarray:
     """Rows ``lo:hi`` of ``a`` in bucket order (a copy of those rows only)."""
     if order is None:
         return np.ascontiguousarray(a[lo:hi])
-    if isinstance(a, np.ndarray):
+    if isinstance(a, np.ndarray) and a.flags.c_contiguous:
         return np.take(a, order[lo:hi], axis=0)
-    return np.asarray(a[order[lo:hi]])
+    return np.asarray(a[order[lo:hi]])  # a strided view (np.take would copy it whole first), or a row store
 
 
 def _write_array(z: zarr.Array, folder: pathlib.Path, a: Any, order: np.ndarray | None) -> None:
@@ -691,6 +691,143 @@ def read_snapshot(
     StoreNotFoundError, IncompatibleStoreError, CorruptStoreError
         Missing store or version, other format, damaged/missing chunks, or arrays unlike ``expect``.
     """
+    what, want_tables, plans, totals, dtypes = _plan_read(root, version, buckets, tables, names, expect, shards)
+    out: dict[str, dict[str, np.ndarray]] = {
+        t: {nm: np.empty((totals[t], *shape), dtype=dt) for nm, (dt, shape) in dtypes[t].items()}
+        for t in want_tables
+    }
+    pos: dict[str, int] = dict.fromkeys(want_tables, 0)
+    jobs: list[tuple[Any, ...]] = []
+    for plan in plans:
+        jobs += plan.jobs(what, plan.pieces, out[plan.table], pos[plan.table])
+        pos[plan.table] += plan.rows
+    _run_reads(what, jobs)
+    return out
+
+
+def iter_snapshot(
+    root: str | os.PathLike[str],
+    version: int | None = None,
+    buckets: Iterable[int] | np.ndarray | None = None,
+    *,
+    tables: Sequence[str] | None = None,
+    names: Sequence[str] | None = None,
+    shards: Iterable[int] | None = None,
+    block_bytes: int = 64 << 20,
+) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
+    """:func:`read_snapshot` block by block: ``(table, arrays)`` of at most about ``block_bytes`` each.
+
+    The blocks come in the order of :func:`read_snapshot`'s rows (a table's rows of one saved shard, then the
+    next); each holds whole chunks (at least one). A reader that loads them one at a time (a shard's restore)
+    holds one block beyond what it loaded, instead of a whole copy of the rows. Parameters and errors as in
+    :func:`read_snapshot`; the plan (and every check before reading) is made before the first block.
+    """
+    what, _, plans, _, dtypes = _plan_read(root, version, buckets, tables, names, None, shards)
+    for plan in plans:
+        types = {nm: dtypes[plan.table][nm] for nm in plan.names}
+        row_bytes = sum(dt.itemsize * int(np.prod(shape, dtype=np.int64)) for dt, shape in types.values())
+        limit = max(1, int(block_bytes) // max(row_bytes, 1))
+        block: list[tuple[int, int, np.ndarray | None, int]] = []
+        rows = 0
+        for piece in [*plan.pieces, None]:
+            if block and (piece is None or rows + piece[3] > limit):
+                out = {nm: np.empty((rows, *shape), dtype=dt) for nm, (dt, shape) in types.items()}
+                _run_reads(what, plan.jobs(what, block, out, 0))
+                yield plan.table, out
+                block, rows = [], 0
+            if piece is not None:
+                block.append(piece)
+                rows += piece[3]
+
+
+def _pieces(spans: list[tuple[int, int]], masks: list[np.ndarray] | None, chunk: int
+            ) -> list[tuple[int, int, np.ndarray | None, int]]:
+    """``(first row, end row, wanted rows or None for all, rows)`` of each chunk to read of the spans."""
+    pieces: list[tuple[int, int, np.ndarray | None, int]] = []
+    for i, (s, e) in enumerate(spans):
+        for lo in range(s, e, chunk):
+            hi = min(e, lo + chunk)
+            idx = None if masks is None else np.flatnonzero(masks[i][lo - s : hi - s])
+            if idx is not None and idx.size == hi - lo:
+                idx = None
+            if idx is not None and idx.size == 0:
+                continue
+            pieces.append((lo, hi, idx, hi - lo if idx is None else int(idx.size)))
+    return pieces
+
+
+@dataclasses.dataclass
+class _ReadPlan:
+    """The chunks of one saved shard's table a read takes (see :func:`_plan_read`)."""
+
+    shard: str
+    group: zarr.Group
+    path: pathlib.Path
+    code_map: np.ndarray
+    table: str
+    names: list[str]
+    pieces: list[tuple[int, int, np.ndarray | None, int]]
+    rows: int
+    opened: dict[str, tuple[zarr.Array, bool | None]] = dataclasses.field(default_factory=dict)
+
+    def jobs(self, what: str, pieces: Sequence[tuple[int, int, np.ndarray | None, int]],
+             out: Mapping[str, np.ndarray], at: int) -> list[tuple[Any, ...]]:
+        """One read job per array and piece, filling ``out`` from row ``at`` on."""
+        jobs: list[tuple[Any, ...]] = []
+        for nm in self.names:
+            if nm not in self.opened:  # opened and its chunks checked once per plan, not once per block
+                z = open_checked(self.group, f"{self.table}/{nm}")
+                check_chunks(z, self.path / self.table / nm, what)
+                self.opened[nm] = (z, plain_codecs(z))
+            z, plain = self.opened[nm]
+            p = at
+            for lo, hi, idx, n in pieces:
+                jobs.append((self.shard, z, plain, self.path / self.table / nm, out[nm], (lo, hi, p, idx),
+                             self.code_map if nm == "prov/maker" else None))
+                p += n
+        return jobs
+
+
+def _run_reads(what: str, jobs: Sequence[tuple[Any, ...]]) -> None:
+    """Run read jobs in threads, so that the reads and checksums of different chunks overlap."""
+
+    def fill(job: tuple[Any, ...]) -> None:
+        s_key, z, plain, folder, dest, (lo, hi, p, idx), code_map = job
+        try:
+            if idx is None:
+                part = dest[p : p + hi - lo]
+                read_rows(z, folder, lo, hi, part, plain=plain)
+            else:
+                row_bytes = z.dtype.itemsize * int(np.prod(z.shape[1:], dtype=np.int64))
+                block = scratch((hi - lo) * row_bytes).view(z.dtype).reshape(hi - lo, *z.shape[1:])
+                read_rows(z, folder, lo, hi, block, plain=plain)
+                part = dest[p : p + idx.size]
+                np.take(block, idx, axis=0, out=part, mode="clip")  # idx < hi - lo: clip never clips
+            if code_map is not None and part.size:
+                if part.min() < 0 or part.max() >= code_map.shape[0]:
+                    raise CorruptStoreError(f"{what}: shard {s_key} has maker codes outside its maker list")
+                part[...] = code_map[part]
+        except (CorruptStoreError, StoreNotFoundError):
+            raise
+        except Exception as exc:  # zarr raises assorted errors on damaged chunks (checksum, decode)
+            raise CorruptStoreError(f"{what}: shard {s_key}, {folder.name} cannot be read: {exc}") from exc
+
+    with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
+        for f in [pool.submit(fill, job) for job in jobs]:
+            f.result()  # re-raises the first failure
+
+
+def _plan_read(
+    root: str | os.PathLike[str],
+    version: int | None,
+    buckets: Iterable[int] | np.ndarray | None,
+    tables: Sequence[str] | None,
+    names: Sequence[str] | None,
+    expect: Mapping[str, Mapping[str, tuple[Any, Sequence[int]]]] | None,
+    shards: Iterable[int] | None,
+) -> tuple[str, list[str], list[_ReadPlan], dict[str, int], dict[str, dict[str, tuple[np.dtype, tuple[int, ...]]]]]:
+    """What a read of a snapshot reads (see :func:`read_snapshot`): per saved shard and table, the chunk-aligned
+    pieces of rows and, with a bucket set, which rows of each piece are wanted; and the rows and dtypes per table."""
     rootp = pathlib.Path(root)
     man = read_manifest(rootp, version)
     what = f"snapshot v{man['version']} of {rootp}"
@@ -720,8 +857,7 @@ def read_snapshot(
         buckets if isinstance(buckets, np.ndarray) else list(buckets), dtype=np.int64))
     makers = man["makers"]
     # plan: per shard and table, the chunk-aligned row spans to read and (with a bucket set) row masks
-    plans: list[tuple[str, zarr.Group, pathlib.Path, np.ndarray, str, list[str], list[tuple[int, int]],
-                      list[np.ndarray] | None, int, int]] = []
+    plans: list[_ReadPlan] = []
     totals: dict[str, int] = dict.fromkeys(want_tables, 0)
     dtypes: dict[str, dict[str, tuple[np.dtype, tuple[int, ...]]]] = {t: {} for t in want_tables}
     for s_key, info in man["shards"].items():
@@ -765,65 +901,10 @@ def read_snapshot(
                 raise
             except Exception as exc:  # zarr raises assorted errors on damaged chunks (checksum, decode)
                 raise CorruptStoreError(f"{what}: shard {s_key}, table {tname!r} cannot be read: {exc}") from exc
-            plans.append((s_key, group, zpath, code_map, tname, arr_names, spans, masks, rows,
-                          int(info.get("chunk_rows", 65536))))
+            plans.append(_ReadPlan(s_key, group, zpath, code_map, tname, arr_names,
+                                   _pieces(spans, masks, int(info.get("chunk_rows", 65536))), rows))
             totals[tname] += rows
-    # fill: one job per array and chunk, so that reads and checksums of different chunks overlap in the
-    # threads; fully wanted chunks are read straight into the output, partly wanted ones into a per-thread
-    # buffer and gathered from there into the output (no temporary)
-    out: dict[str, dict[str, np.ndarray]] = {
-        t: {nm: np.empty((totals[t], *shape), dtype=dt) for nm, (dt, shape) in dtypes[t].items()}
-        for t in want_tables
-    }
-    pos: dict[str, int] = dict.fromkeys(want_tables, 0)
-    jobs: list[tuple[Any, ...]] = []
-    for s_key, group, zpath, code_map, tname, arr_names, spans, masks, rows, chunk in plans:
-        pieces: list[tuple[int, int, int, np.ndarray | None]] = []  # (first row, end row, output row, rows wanted)
-        p = pos[tname]
-        for i, (s, e) in enumerate(spans):
-            for lo in range(s, e, chunk):
-                hi = min(e, lo + chunk)
-                idx = None if masks is None else np.flatnonzero(masks[i][lo - s : hi - s])
-                if idx is not None and idx.size == hi - lo:
-                    idx = None
-                if idx is not None and idx.size == 0:
-                    continue
-                pieces.append((lo, hi, p, idx))
-                p += hi - lo if idx is None else idx.size
-        for nm in arr_names:
-            z = open_checked(group, f"{tname}/{nm}")
-            check_chunks(z, zpath / tname / nm, what)
-            plain = plain_codecs(z)
-            for piece in pieces:
-                jobs.append((s_key, z, plain, zpath / tname / nm, out[tname][nm], piece,
-                             code_map if nm == "prov/maker" else None))
-        pos[tname] += rows
-
-    def fill(job: tuple[Any, ...]) -> None:
-        s_key, z, plain, folder, dest, (lo, hi, p, idx), code_map = job
-        try:
-            if idx is None:
-                part = dest[p : p + hi - lo]
-                read_rows(z, folder, lo, hi, part, plain=plain)
-            else:
-                row_bytes = z.dtype.itemsize * int(np.prod(z.shape[1:], dtype=np.int64))
-                block = scratch((hi - lo) * row_bytes).view(z.dtype).reshape(hi - lo, *z.shape[1:])
-                read_rows(z, folder, lo, hi, block, plain=plain)
-                part = dest[p : p + idx.size]
-                np.take(block, idx, axis=0, out=part, mode="clip")  # idx < hi - lo: clip never clips
-            if code_map is not None and part.size:
-                if part.min() < 0 or part.max() >= code_map.shape[0]:
-                    raise CorruptStoreError(f"{what}: shard {s_key} has maker codes outside its maker list")
-                part[...] = code_map[part]
-        except (CorruptStoreError, StoreNotFoundError):
-            raise
-        except Exception as exc:  # zarr raises assorted errors on damaged chunks (checksum, decode)
-            raise CorruptStoreError(f"{what}: shard {s_key}, {folder.name} cannot be read: {exc}") from exc
-
-    with concurrent.futures.ThreadPoolExecutor(IO_THREADS) as pool:
-        for f in [pool.submit(fill, job) for job in jobs]:
-            f.result()  # re-raises the first failure
-    return out
+    return what, want_tables, plans, totals, dtypes
 
 
 def read_deleted(

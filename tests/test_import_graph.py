@@ -23,11 +23,6 @@ from collections.abc import Iterable, Mapping
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-#: Import edges that are known and being removed on their own: ``bank/transport.py`` imports
-#: ``bank/rehoming.py`` inside functions while rehoming imports transport at module level. The
-#: rehoming <-> transport cycle is untied separately; only that edge is excused here.
-KNOWN_EDGES = {("carls_dask.bank.transport", "carls_dask.bank.rehoming")}
-
 STORAGE, PARADIGMS, DASHBOARDS = "carls_dask.storage", "carls_dask.paradigms", "carls_dask.dashboards"
 
 
@@ -166,7 +161,7 @@ def test_the_package_has_no_import_cycle() -> None:
     assert "carls_dask.storage.snapshots" in modules and "carls_dask.paradigms.multimodal.loops" in modules
     edges = import_edges(modules)
     assert len(edges) > 300, f"only {len(edges)} import edges found; is the source walk broken?"
-    found = cycles((e.source, e.target) for e in edges if (e.source, e.target) not in KNOWN_EDGES)
+    found = cycles((e.source, e.target) for e in edges)
     where = {(e.source, e.target): e.where for e in edges}
     described = [" -> ".join(c) + ": " + ", ".join(f"{a} imports {b} at {where[(a, b)]}" for a in c for b in c
                                                    if (a, b) in where) for c in found]

@@ -20,6 +20,7 @@ import numpy as np
 from dask.utils import parse_bytes
 
 from carls_dask import config
+from carls_dask.bank import stages
 from carls_dask.bank.ann import AnnSettings
 from carls_dask.bank.core import LookupRows, ShardCore
 from carls_dask.bank.sampling import NegativeSample
@@ -40,9 +41,11 @@ def _locked(method: _F) -> _F:
 
     @functools.wraps(method)
     def wrapper(self: BankShard, *args: Any, **kwargs: Any) -> Any:
+        stages.begin()
         with self._lock:
             if method.__name__ not in _AFTER_RETIRE:
                 self._check_live()
+            stages.mark("shard", "lock")
             return method(self, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
@@ -61,9 +64,24 @@ class _Logged:
         self.keys = np.asarray(keys, dtype=np.int64)
 
 
+class _Mask:
+    """A remembered boolean answer (which keys were found or deleted), packed to one bit per key."""
+
+    __slots__ = ("bits", "n")
+
+    def __init__(self, mask: np.ndarray) -> None:
+        self.bits = np.packbits(mask)
+        self.n = int(mask.shape[0])
+
+    def unpack(self) -> np.ndarray:
+        return np.unpackbits(self.bits, count=self.n).astype(bool)
+
+
 #: Name of the delta-log array that carries the client's operation id of a mutating batch (one value
 #: repeated on every row), so that a batch retried after its shard was re-homed is applied once.
 OP_ID = "op_id"
+#: Bytes of snapshot rows a restoring shard reads at a time (it holds one such block beside its rows).
+_RESTORE_BLOCK_BYTES = 64 << 20
 #: Operation ids (and their answers) a shard remembers for recognising a retried batch.
 _OPS_REMEMBERED = 4096
 
@@ -142,10 +160,16 @@ class BankShard:
         self._logged_makers = len(makers)
 
     def _log_upsert(self, table: str, keys: np.ndarray, op_id: int | None = None) -> None:
+        """Log the full rows the batch just wrote: the rows the core reports (no second look-up of the
+        batch's keys), or those of ``keys`` when rows moved since (an eviction)."""
         if self._log is None:
             return
         self._log_makers()
-        rows = self.core.rows(table, np.unique(keys))
+        written = self.core.written
+        if written is not None and written[0] == table:
+            rows = self.core.row_arrays(table, written[1])
+        else:
+            rows = self.core.rows(table, np.unique(keys))
         if rows["keys"].size:
             if op_id is not None:
                 rows = {**rows, OP_ID: np.full(rows["keys"].shape[0], op_id, dtype=np.int64)}
@@ -180,6 +204,8 @@ class BankShard:
     def _remember(self, op_id: int | None, answer: Any) -> None:
         if op_id is None:
             return
+        if isinstance(answer, np.ndarray) and answer.dtype == bool:  # one bit per key: thousands are kept
+            answer = _Mask(answer)
         self._ops[int(op_id)] = answer
         while len(self._ops) > _OPS_REMEMBERED:
             self._ops.popitem(last=False)
@@ -193,6 +219,8 @@ class BankShard:
         if op_id is None or int(op_id) not in self._ops:
             return None
         answer = self._ops[int(op_id)]
+        if isinstance(answer, _Mask):
+            return answer.unpack()
         if not isinstance(answer, _Logged):
             return answer
         if kind == "update":
@@ -223,28 +251,26 @@ class BankShard:
             if self._log is not None:  # allocations and frequencies are state: log the rows
                 self._log_evictions(table)
                 self._log_upsert(table, np.asarray(keys, dtype=np.int64), op_id)
+                stages.mark("shard", "delta log")
             self._remember(op_id, True)
         return res
 
-    async def lookup_on_loop(
-        self, table: str, keys: np.ndarray, columns: Sequence[str] | None = None
-    ) -> LookupRows:
-        """A read-only :meth:`lookup` run on the worker's event loop when the shard is free.
+    async def call_on_loop(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``method(*args, **kwargs)`` run on the worker's event loop when the shard is free, else in a thread.
 
         Dask runs an actor's coroutine methods on the worker's event loop, which saves the hop to the
-        actor's thread and back that a plain method call costs. A read holds the loop for a few
-        milliseconds; when another call holds the shard (a snapshot, say), the read waits in a thread
-        instead, so the event loop is never blocked on the shard.
+        actor's thread and back that a plain method call costs (a large share of a small batch's time).
+        The client sends a batch this way when each shard's part of it is small enough to hold the loop
+        for milliseconds only; when another call holds the shard (a snapshot, say), the call waits in a
+        thread instead, so the event loop is never blocked on the shard's lock.
         """
         if self._lock.acquire(blocking=False):
             try:
-                self._check_live()  # a retired shard (its worker closing) re-routes reads too
-                return self.core.lookup_rows(table, keys, columns=columns, insert=False)
+                return getattr(self, method)(*args, **kwargs)
             finally:
                 self._lock.release()
         return await asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(self.lookup, table, keys, columns, False)
-        )
+            None, functools.partial(getattr(self, method), *args, **kwargs))
 
     @_locked
     def update(
@@ -257,6 +283,7 @@ class BankShard:
         written = self.core.update(table, keys, values, model_step=model_step, maker=maker)
         self._log_evictions(table)
         self._log_upsert(table, written, op_id)
+        stages.mark("shard", "delta log")
         self._remember(op_id, int(written.size))
         return int(written.size)
 
@@ -274,8 +301,9 @@ class BankShard:
         if (seen := self._seen(op_id, keys, "apply_gradients")) is not None:
             return np.asarray(seen, dtype=bool)
         found = self.core.apply_gradients(table, keys, grads, column=column, learning_rate=learning_rate)
-        if found.any():
+        if self._log is not None and found.any():
             self._log_upsert(table, np.asarray(keys, dtype=np.int64)[found], op_id)
+        stages.mark("shard", "delta log")
         self._remember(op_id, found)
         return found
 
@@ -445,7 +473,9 @@ class BankShard:
             Rows read from the snapshot and delta records applied.
         """
         batches = BankReplay(root, version, replay_log=replay_log, buckets=self.core.owned_buckets,
-                             tables=list(self.core.tables))
+                             tables=list(self.core.tables), block_bytes=_RESTORE_BLOCK_BYTES)
+        for table, rows in batches.expected_rows().items():
+            self.core.reserve(table, self.core.size(table) + rows)
         out = self._apply(batches)
         logger.info("shard %d restored %d rows from v%s and %d delta records", self.core.shard, out["rows"],
                     batches.version, out["records"])
@@ -504,8 +534,11 @@ class BankShard:
         """
         t0 = time.perf_counter()
         src, version = restore_point(root, base)
-        done = self._apply(BankReplay(src, version, log_root=root, buckets=self.core.owned_buckets,
-                                      tables=list(self.core.tables)))
+        batches = BankReplay(src, version, log_root=root, buckets=self.core.owned_buckets,
+                             tables=list(self.core.tables), block_bytes=_RESTORE_BLOCK_BYTES)
+        for table, rows in batches.expected_rows().items():
+            self.core.reserve(table, self.core.size(table) + rows)
+        done = self._apply(batches)
         used = int(version) if src is not None and src == str(root) and version is not None else -1
         out = {**done, "version": used, "seconds": time.perf_counter() - t0}
         logger.info("shard %d re-homed from %s: %s", self.core.shard, root, out)

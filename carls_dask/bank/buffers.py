@@ -2,9 +2,9 @@
 
 Dask starts worker processes with ``MALLOC_TRIM_THRESHOLD_`` set, which also fixes glibc's mmap
 threshold at 128 KiB: every large array a worker allocates is a fresh mapping whose pages fault in
-one by one as they are first written, and every free hands them back. For a shard that answers a
-batch of 32,768 rows of 256 bytes, that doubles the cost of gathering the rows (about 1.5 ms instead
-of 0.8 ms here). :class:`BufferPool` keeps a few large buffers and hands one out again once nothing
+one by one as they are first written, and every free hands them back: for a shard answering large
+batches, the page faults cost as much as gathering the rows. :class:`BufferPool` keeps a few large
+buffers and hands one out again once nothing
 refers to it any more: the reply has been sent, or the caller of a co-located lookup dropped it.
 Whether a buffer is still referred to is read from its reference count, so a buffer that any array,
 memoryview or tensor still uses is never handed out twice.

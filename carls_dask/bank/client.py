@@ -14,7 +14,6 @@ the same code for both.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -23,8 +22,10 @@ from typing import Any
 import numpy as np
 
 from carls_dask import config
+from carls_dask.bank import stages
 from carls_dask.bank.actor import BankShard
 from carls_dask.bank.ann import METHODS
+from carls_dask.bank.batchpass import route, take_rows
 from carls_dask.bank.changes import ChangeBatch, ChangeCursor
 from carls_dask.bank.core import LookupResult, gather_rows
 from carls_dask.bank.hashing import bucket_of, to_int64_keys
@@ -50,6 +51,11 @@ __all__ = ["KnowledgeBank"]
 logger = logging.getLogger(__name__)
 
 Transport = DaskTransport | LocalTransport
+
+#: Keys of one shard's part of a mutating batch up to which a remote shard applies it on its worker's event
+#: loop (:meth:`BankShard.call_on_loop <carls_dask.bank.actor.BankShard.call_on_loop>`): such a part takes
+#: milliseconds, and skipping the hop to the actor thread saves a good share of a small batch's CPU time.
+_LOOP_KEYS = 32768
 
 
 def _resolve(spec: TableSpec) -> TableSpec:
@@ -92,6 +98,16 @@ def _shard_args(specs: Sequence[TableSpec], owner: np.ndarray, buckets: int, ini
             for s in range(n)]
 
 
+def _keys_in(idx: Any, keys: np.ndarray) -> int:
+    """How many of the batch's keys a route holds (``slice(None)``: all)."""
+    return int(keys.shape[0]) if isinstance(idx, slice) else int(idx.size)
+
+
+def _rows(values: np.ndarray, idx: Any) -> np.ndarray:
+    """One shard's rows of a batch's values: all of them as they are, or a gathered copy."""
+    return values if isinstance(idx, slice) else take_rows(values, idx)
+
+
 def _lineage(man: Mapping[str, Any], default: str) -> str:
     """The lineage a snapshot's bank had (its name when the snapshot predates lineages)."""
     meta = man.get("meta", {})
@@ -103,8 +119,11 @@ class KnowledgeBank:
 
     Create one with :meth:`create` (Dask actors) or :meth:`local` (in this process), or from a
     snapshot with :meth:`restore` / :meth:`restore_local`; every operation takes a batch of keys
-    (``int64[n]`` or strings) and returns arrays in the order of those keys. Each method has an
-    awaitable ``*_async`` form.
+    (``int64[n]`` or strings) and returns arrays in the order of those keys.
+
+    The operations block until the shards answer. Code running on an event loop awaits one in a thread,
+    so that the loop keeps running: ``rows = await asyncio.to_thread(bank.lookup, "items", keys)``
+    (any method, with its arguments as in a direct call).
     """
 
     def __init__(
@@ -299,14 +318,8 @@ class KnowledgeBank:
         everything = slice(None)
         if self.n_shards == 1:
             return [(0, everything)]
-        owner = self._owner[bucket_of(keys, self.buckets)]
-        if self.n_shards <= 8:  # a few boolean passes beat a sort
-            routes = [(s, idx) for s in range(self.n_shards) if (idx := np.flatnonzero(owner == s)).size]
-        else:
-            order = np.argsort(owner, kind="stable")
-            counts = np.bincount(owner, minlength=self.n_shards)
-            parts = np.split(order, np.cumsum(counts)[:-1])
-            routes = [(s, idx) for s, idx in enumerate(parts) if idx.size]
+        routes = [(s, idx) for s, idx in enumerate(route(keys, self._owner, self.buckets)) if idx.size]
+        stages.mark("client", "hashing and routing")
         if len(routes) == 1:
             return [(routes[0][0], everything)]
         return routes
@@ -316,7 +329,9 @@ class KnowledgeBank:
         every operation). Mutating calls get the batch's operation id. ``timeout`` bounds each call
         (default the call timeout)."""
         self._check_open()
-        return self._transport.call(stamp_op_ids(calls), self.timeout if timeout is None else timeout)
+        stamped = stamp_op_ids(calls)
+        stages.mark("client", "building calls")
+        return self._transport.call(stamped, self.timeout if timeout is None else timeout)
 
     def _every_shard(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
         """``method(*args)`` on every shard (a read, or a step that carries no operation id)."""
@@ -329,6 +344,7 @@ class KnowledgeBank:
         out = np.empty(n, dtype=bool)
         for (_, idx), p in zip(routes, parts, strict=True):
             out[idx] = p
+        stages.mark("client", "reassembly")
         return out
 
     def _keys(self, table: str, keys: Any) -> np.ndarray:
@@ -349,22 +365,28 @@ class KnowledgeBank:
         With ``insert=True`` missing keys are allocated with the deterministic initializer and every
         occurrence of a key adds one to its frequency.
         """
+        stages.begin()
         spec = self.spec(table)
         names = list(spec.column_names) if columns is None else [spec.column(c).name for c in columns]
         check_max_staleness(table, max_staleness)
         k = self._keys(table, keys)
+        stages.mark("client", "key conversion")
         routes = self._route(k)
+        split = [(s, k[idx]) for s, idx in routes]
+        stages.mark("client", "splitting")
         if insert:  # allocates and counts: a mutating batch
-            calls = [ShardCall(s, "lookup", (table, k[idx], names), {"insert": True}, mutating=True)
-                     for s, idx in routes]
+            calls = [ShardCall(s, "lookup", (table, ks, names), {"insert": True}, mutating=True,
+                               on_loop=ks.size <= _LOOP_KEYS) for s, ks in split]
         else:  # a read, which a remote shard serves on its worker's event loop
-            calls = [ShardCall(s, "lookup", (table, k[idx], names), loop_method="lookup_on_loop")
-                     for s, idx in routes]
+            calls = [ShardCall(s, "lookup", (table, ks, names), on_loop=True) for s, ks in split]
         parts = self._call(calls)
         if len(routes) == 1:
-            return parts[0].result(max_staleness)
-        return gather_rows([(idx, r) for (_, idx), r in zip(routes, parts, strict=True)], k.shape[0],
-                           {c: spec.column(c) for c in names}, max_staleness)
+            out = parts[0].result(max_staleness)
+        else:
+            out = gather_rows([(idx, r) for (_, idx), r in zip(routes, parts, strict=True)], k.shape[0],
+                              {c: spec.column(c) for c in names}, max_staleness)
+        stages.mark("client", "reassembly")
+        return out
 
     def update(
         self,
@@ -376,17 +398,17 @@ class KnowledgeBank:
         maker: str = "",
     ) -> int:
         """Write column values (upsert; last write wins within a batch); returns distinct keys written."""
+        stages.begin()
         spec = self.spec(table)
         k = self._keys(table, keys)
+        stages.mark("client", "key conversion")
         checked = check_update(spec, k.shape[0], values, model_step, maker)
+        stages.mark("client", "validation")
         routes = self._route(k)
-        out = self._call(
-            [
-                ShardCall(s, "update", (table, k[idx], {c: v[idx] for c, v in checked.items()}, int(model_step), maker),
-                          mutating=True)
-                for s, idx in routes
-            ]
-        )
+        split = [(s, k[idx], {c: _rows(v, idx) for c, v in checked.items()}) for s, idx in routes]
+        stages.mark("client", "splitting")
+        out = self._call([ShardCall(s, "update", (table, ks, vs, int(model_step), maker), mutating=True,
+                                    on_loop=ks.size <= _LOOP_KEYS) for s, ks, vs in split])
         return int(sum(out))
 
     def apply_gradients(
@@ -401,14 +423,19 @@ class KnowledgeBank:
 
         Returns ``bool[n]``: which keys were present and updated (absent keys are skipped, as in CARLS).
         """
+        stages.begin()
         spec = self.spec(table)
         k = self._keys(table, keys)
+        stages.mark("client", "key conversion")
         checked, _ = check_gradients(spec, k.shape[0], grads, column, learning_rate)
+        stages.mark("client", "validation")
+        routes = self._route(k)
+        split = {s: (k[idx], {c: _rows(v, idx) for c, v in checked.items()}) for s, idx in routes}
+        stages.mark("client", "splitting")
         return self._batch(
-            self._route(k),
-            lambda s, idx: ShardCall(
-                s, "apply_gradients", (table, k[idx], {c: v[idx] for c, v in checked.items()}, column, learning_rate),
-                mutating=True),
+            routes,
+            lambda s, idx: ShardCall(s, "apply_gradients", (table, *split[s], column, learning_rate), mutating=True,
+                                     on_loop=split[s][0].size <= _LOOP_KEYS),
             k.shape[0],
         )
 
@@ -416,14 +443,16 @@ class KnowledgeBank:
         """Remove keys; returns ``bool[n]``, True where the key was present."""
         self.spec(table)
         k = self._keys(table, keys)
-        return self._batch(self._route(k), lambda s, idx: ShardCall(s, "delete", (table, k[idx]), mutating=True),
+        return self._batch(self._route(k), lambda s, idx: ShardCall(s, "delete", (table, k[idx]), mutating=True,
+                                                                     on_loop=_keys_in(idx, k) <= _LOOP_KEYS),
                            k.shape[0])
 
     def contains(self, table: str, keys: Any) -> np.ndarray:
         """``bool[n]``: whether each key is present (frequency untouched)."""
         self.spec(table)
         k = self._keys(table, keys)
-        return self._batch(self._route(k), lambda s, idx: ShardCall(s, "contains", (table, k[idx])), k.shape[0])
+        return self._batch(self._route(k), lambda s, idx: ShardCall(s, "contains", (table, k[idx]), on_loop=True),
+                           k.shape[0])
 
     def size(self, table: str | None = None) -> int:
         """Rows in ``table`` (or in all tables) over all shards."""
@@ -783,49 +812,3 @@ class KnowledgeBank:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- awaitable forms ----------------------------------------------------------------------------
-    async def lookup_async(self, *args: Any, **kwargs: Any) -> LookupResult:
-        """Awaitable :meth:`lookup` (runs the fan-out off the event loop)."""
-        return await asyncio.to_thread(self.lookup, *args, **kwargs)
-
-    async def update_async(self, *args: Any, **kwargs: Any) -> int:
-        """Awaitable :meth:`update`."""
-        return await asyncio.to_thread(self.update, *args, **kwargs)
-
-    async def apply_gradients_async(self, *args: Any, **kwargs: Any) -> np.ndarray:
-        """Awaitable :meth:`apply_gradients`."""
-        return await asyncio.to_thread(self.apply_gradients, *args, **kwargs)
-
-    async def delete_async(self, *args: Any, **kwargs: Any) -> np.ndarray:
-        """Awaitable :meth:`delete`."""
-        return await asyncio.to_thread(self.delete, *args, **kwargs)
-
-    async def contains_async(self, *args: Any, **kwargs: Any) -> np.ndarray:
-        """Awaitable :meth:`contains`."""
-        return await asyncio.to_thread(self.contains, *args, **kwargs)
-
-    async def size_async(self, table: str | None = None) -> int:
-        """Awaitable :meth:`size`."""
-        return await asyncio.to_thread(self.size, table)
-
-    async def keys_async(self, table: str) -> np.ndarray:
-        """Awaitable :meth:`keys`."""
-        return await asyncio.to_thread(self.keys, table)
-
-    async def changes_async(self, *args: Any, **kwargs: Any) -> ChangeBatch:
-        """Awaitable :meth:`changes`."""
-        return await asyncio.to_thread(self.changes, *args, **kwargs)
-
-    async def sample_negatives_async(self, *args: Any, **kwargs: Any) -> NegativeSample:
-        """Awaitable :meth:`sample_negatives`."""
-        return await asyncio.to_thread(self.sample_negatives, *args, **kwargs)
-
-    async def top_k_async(self, *args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Awaitable :meth:`top_k`."""
-        return await asyncio.to_thread(self.top_k, *args, **kwargs)
-
-    async def stats_async(self) -> dict[str, Any]:
-        """Awaitable :meth:`stats`."""
-        return await asyncio.to_thread(self.stats)
-

@@ -15,16 +15,19 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.bank import stages
 from carls_dask.bank.ann import METHODS, AnnIndex, AnnSettings
+from carls_dask.bank.batchpass import dedupe, hash_keys, put_rows, touch_rows
 from carls_dask.bank.bounds import TableBounds, choose_victims, expired_rows, low_water, victim_scores
 from carls_dask.bank.buffers import BufferPool
 from carls_dask.bank.changes import ChangeFeed, new_epoch
 from carls_dask.bank.dirty import DirtyRows
-from carls_dask.bank.gradsum import sum_by_row
+from carls_dask.bank.gradsum import group_by_row, sum_by_row
 from carls_dask.bank.hashing import bucket_of_hash, mix_seed, splitmix64
 from carls_dask.bank.initializers import initial_block
 from carls_dask.bank.keyindex import KeyIndex
 from carls_dask.bank.optimizers import STEP_SLOT, apply_optimizer, initial_slots
+from carls_dask.bank.rowstep import StepPlan, plan_step
 from carls_dask.bank.rowview import RowView, live_rows
 from carls_dask.bank.sampling import NegativeSample
 from carls_dask.bank.schema import (
@@ -156,8 +159,8 @@ def gather_rows(parts: Sequence[tuple[Any, LookupRows]], n: int, specs: Mapping[
         rejected = np.zeros(n, dtype=bool)
     for idx, r in parts:
         for c in specs:
-            values[c][idx] = r.values[c]
-        meta[idx] = r.meta
+            put_rows(values[c], idx, r.values[c])
+        put_rows(meta, idx, r.meta)
         if r.found is not None and found is not None:
             found[idx] = r.found
         if r.rejected is not None and rejected is not None:
@@ -267,17 +270,26 @@ class TableState:
         return per_row * self.n + self.index.nbytes
 
     # -- initial values -------------------------------------------------------------------------------
-    def initial_values(self, col: Column, keys: np.ndarray) -> np.ndarray:
-        """Deterministic initial values of ``col`` for ``keys`` (a function of table, column, key, seed)."""
+    def initial_values(self, col: Column, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Deterministic initial values of ``col`` for ``keys`` (a function of table, column, key, seed), into
+        ``out`` (``[n, *shape]`` of the column's dtype, C-contiguous) when given."""
         spec = self.spec
         kind = col.initializer or (spec.initializer if col.is_float else "zeros")
         scale = float(col.init_scale if col.init_scale is not None else (spec.init_scale or 0.0))
         shape = (keys.shape[0], *col.shape)
-        if kind == "zeros":
-            return np.zeros(shape, dtype=col.np_dtype)
-        if kind == "constant":
-            return np.full(shape, scale, dtype=col.np_dtype)
-        return initial_block(str(kind), keys, self.seeds[col.name], col.shape, scale, col.np_dtype)
+        if kind in ("zeros", "constant"):
+            value = 0 if kind == "zeros" else scale
+            if out is None:
+                return np.full(shape, value, dtype=col.np_dtype)
+            out[...] = value
+            return out
+        return initial_block(str(kind), keys, self.seeds[col.name], col.shape, scale, col.np_dtype, out=out)
+
+    def fill_initial(self, col: Column, keys: np.ndarray, start: int) -> None:
+        """Write the initial values of ``col`` for ``keys`` into rows ``start..start + len(keys)`` where they live
+        (segment by segment, without a batch-sized temporary)."""
+        for first, part in self.cols[col.name].chunks(start + keys.shape[0], start):
+            self.initial_values(col, keys[first - start: first - start + part.shape[0]], out=part)
 
     def ensure_slots(self, column: str) -> dict[str, SegmentedArray]:
         """Slot arrays of ``column`` (allocated on first use, the live rows given their initial slots)."""
@@ -387,6 +399,9 @@ class ShardCore:
         }
         #: Epoch of this shard's feeds: new whenever a shard's state is built (a cursor of another epoch sees all rows).
         self.feed_epoch = new_epoch()
+        #: ``(table, rows)``: the distinct rows the last write (``update``, ``apply_gradients``, ``lookup`` with
+        #: insert) wrote, while no row has moved since (None otherwise); the actor logs these rows.
+        self.written: tuple[str, np.ndarray] | None = None
 
     # -- helpers ----------------------------------------------------------------------------------------
     def table(self, name: str) -> TableState:
@@ -399,12 +414,9 @@ class ShardCore:
     def _keys(self, t: TableState, keys: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Checked keys, their buckets and their ``splitmix64`` hashes (which the key index reuses)."""
         k = check_keys(t.spec.name, keys)
-        h = splitmix64(k.view(np.uint64))
-        b = bucket_of_hash(h, self.buckets)
-        if self.check_ownership and not self._owns_all:
-            bad = ~self._owned_mask[b]
-            if bad.any():
-                raise self._not_owned(t, int(k[int(np.flatnonzero(bad)[0])]))
+        h, b, bad = hash_keys(k, self.buckets, self._owned_mask if self.check_ownership and not self._owns_all else None)
+        if bad >= 0:
+            raise self._not_owned(t, int(k[bad]))
         return k, b, h
 
     def _not_owned(self, t: TableState, key: int) -> InvalidBatchError:
@@ -451,15 +463,13 @@ class ShardCore:
         at = slice(t.n, t.n + m)
         for col in t.spec.columns:
             if f"col/{col.name}" not in skip:
-                t.cols[col.name][at] = t.initial_values(col, keys)
+                t.fill_initial(col, keys, t.n)
         for cname, slots in t.slots.items():
-            if all(f"slot/{cname}/{sname}" in skip for sname in slots):
-                continue
             col = t.spec.column(cname)
-            fresh = initial_slots(t.spec.optimizer, m, col.shape, col.np_dtype, t.spec.adagrad_initial_accumulator)
-            for sname, arr in fresh.items():
+            fresh = initial_slots(t.spec.optimizer, 1, col.shape, col.np_dtype, t.spec.adagrad_initial_accumulator)
+            for sname, one in fresh.items():  # every new row starts from the same slot values
                 if f"slot/{cname}/{sname}" not in skip:
-                    slots[sname][at] = arr
+                    slots[sname][at] = one[0]
         t.n += m
         t.index.insert(keys, rows, t.keys, hashes)
         if self._ann:
@@ -507,46 +517,59 @@ class ShardCore:
         rejected = None
         if insert:
             k, b, h = self._keys(t, keys)
+            stages.mark("shard", "key check and hashing")
             bnd = self.bounds.get(t.spec.name)
             if bnd is not None and bnd.ttl_due(now):
                 self._expire(t, bnd, now)
-            uniq, first, inverse, counts = np.unique(k, return_index=True, return_inverse=True, return_counts=True)
+            first, inverse, counts = dedupe(k, h)
+            uniq = k[first]
+            stages.mark("shard", "dedupe")
             urows = t.index.find(uniq, t.keys, h[first])
             missing = urows < 0
+            stages.mark("shard", "index probe")
             est = None
             if bnd is not None:
                 missing, est = bnd.admit(uniq, counts, missing)
             if missing.any():
                 urows[missing] = self._allocate(t, uniq[missing], b[first[missing]], now, h[first[missing]])
                 t.prov["version"][urows[missing]] = 1
+            stages.mark("shard", "allocation")
             if bnd is None:
                 t.frequency[urows] += counts
             else:
                 urows = self._bounded_insert(t, bnd, uniq, h[first], counts, urows, missing, est, now)
                 if (urows < 0).any():
                     rejected = (urows < 0)[inverse]
-            self._mark(t, urows[urows >= 0] if rejected is not None else urows)
+            stages.mark("shard", "provenance")
+            wrote = urows[urows >= 0] if rejected is not None else urows
+            self._mark(t, wrote)
+            self.written = (t.spec.name, wrote)
             if (order := self._rank_orders.get(table)) is not None:
                 order.note_changes(uniq.size)
             self.version += 1
+            stages.mark("shard", "change marks")
             rows = urows[inverse]
             meta = self.buffers.empty((k.shape[0], 4), np.int64)
-            np.take(t.meta[:, 1:], rows, axis=0, out=meta, mode="clip")
+            # from the contiguous rows (a take from the column view t.meta[:, 1:] would copy the whole table first)
+            meta[...] = np.take(t.meta, rows, axis=0, mode="clip")[:, 1:]
             if rejected is not None:
                 meta[rejected] = _MISSING_META
         else:
             k = check_keys(t.spec.name, keys)
+            stages.mark("shard", "key check and hashing")
             rows = np.empty(k.shape[0], dtype=np.int64)
             meta = self.buffers.empty((k.shape[0], 4), np.int64)
             owned = self._owned_mask if self.check_ownership and not self._owns_all else None
             bad = t.index.read(k, t.meta, self.buckets, owned, rows, meta, _MISSING_META)
             if bad >= 0:
                 raise self._not_owned(t, int(k[bad]))
+            stages.mark("shard", "index probe")
         age = meta[:, 3].view(np.float64)
         np.subtract(now, age, out=age)  # wall time -> age (NaN stays NaN)
         found = (None if rejected is None else ~rejected) if insert else rows >= 0
         if found is not None and found.all():
             found = None
+        stages.mark("shard", "provenance")
         values = {}
         for name in names:
             col = t.cols[name]
@@ -555,6 +578,7 @@ class ShardCore:
             if found is not None:
                 out[~found] = 0
             values[name] = out
+        stages.mark("shard", "gather")
         return LookupRows(values=values, meta=meta, found=found, rejected=rejected)
 
     # -- bounded tables (see carls_dask.bank.bounds) ----------------------------------------------------
@@ -646,12 +670,22 @@ class ShardCore:
         t = self.table(table)
         k = check_keys(table, keys, allow_empty=True)
         r = t.index.find(k, t.keys)
-        r = r[r >= 0]
-        return {name: arr[r] for name, arr in t.arrays()}
+        return self.row_arrays(table, r[r >= 0])
+
+    def row_arrays(self, table: str, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Full rows (as :meth:`rows`) of row numbers ``rows`` (each below the table's size)."""
+        t = self.table(table)
+        # indexing, not take: the narrow arrays are column views of the provenance block, which np.take would
+        # copy whole before gathering
+        return {name: arr[rows] if isinstance(arr, np.ndarray) else arr.take(rows) for name, arr in t.arrays()}
 
     def _mark(self, t: TableState, rows: np.ndarray | slice) -> None:
         """Rows ``rows`` were written: mark them for the next snapshot and feed the table's change feeds."""
         self.dirty[t.spec.name].mark(rows)
+        self._feed(t, rows)
+
+    def _feed(self, t: TableState, rows: np.ndarray | slice) -> None:
+        """Tell the table's change feeds that ``rows`` were written."""
         feeds = self.feeds.get(t.spec.name)
         if feeds:
             r = np.arange(rows.start, rows.stop, dtype=np.int64) if isinstance(rows, slice) else np.asarray(rows)
@@ -710,38 +744,41 @@ class ShardCore:
         """
         t = self.table(table)
         k, b, h = self._keys(t, keys)
+        stages.mark("shard", "key check and hashing")
         n = k.shape[0]
         checked = check_update(t.spec, n, values, model_step, maker)
+        stages.mark("shard", "validation")
         code = self.maker_code(maker)
         now = self.clock()
         bnd = self.bounds.get(t.spec.name)
         if bnd is not None and bnd.ttl_due(now):
             self._expire(t, bnd, now)
-        rev_uniq, rev_first = np.unique(k[::-1], return_index=True)
-        last = n - 1 - rev_first
+        last = dedupe(k, h, keep="last")[0]  # the last occurrence of each key wins
         uniq = k[last]
+        stages.mark("shard", "dedupe")
         urows = t.index.find(uniq, t.keys, h[last])
         missing = urows < 0
+        stages.mark("shard", "index probe")
         if missing.any():
             urows[missing] = self._allocate(t, uniq[missing], b[last[missing]], now, h[last[missing]])
+        stages.mark("shard", "allocation")
         for name, v in checked.items():
-            t.cols[name][urows] = v[last]
+            t.cols[name].put(urows, v, last)
         if self._ann:
             self._ann_touch(t, uniq)
+        stages.mark("shard", "write")
         self._touch(t, urows, now, int(model_step), code)
-        if bnd is not None:  # an update always writes (no admission), then the cap holds again
-            self._enforce_cap(t, bnd, urows)
-        return rev_uniq
+        self.written = (t.spec.name, urows)
+        if bnd is not None and self._enforce_cap(t, bnd, urows):  # an update always writes, then the cap holds
+            self.written = None  # the eviction moved rows
+        return uniq
 
     def _touch(self, t: TableState, rows: np.ndarray, now: float, model_step: int | None, code: int | None) -> None:
-        t.prov["version"][rows] += 1
-        t.prov["wall_time"][rows] = now
-        if model_step is not None:
-            t.prov["model_step"][rows] = model_step
-        if code is not None:
-            t.prov["maker"][rows] = code
-        self._mark(t, rows)
+        """Provenance and change marks of distinct written ``rows``, in one pass (then the change feeds)."""
+        touch_rows(t.meta, t.maker, self.dirty[t.spec.name].marks_for(t.n), rows, now, model_step, code)
+        self._feed(t, rows)
         self.version += 1
+        stages.mark("shard", "provenance")
 
     def apply_gradients(
         self,
@@ -766,41 +803,56 @@ class ShardCore:
         t = self.table(table)
         spec = t.spec
         k, _, h = self._keys(t, keys)
+        stages.mark("shard", "key check and hashing")
         n = k.shape[0]
         checked, lr = check_gradients(spec, n, grads, column, learning_rate)
+        stages.mark("shard", "validation")
         rows = t.index.find(k, t.keys, h)
         found = rows >= 0
+        stages.mark("shard", "index probe")
         if not found.any():
             return found
         all_found = bool(found.all())
         frows = rows if all_found else rows[found]
         now = self.clock()
         results: list[tuple[str, np.ndarray, dict[str, np.ndarray]]] = []
+        plans = []
         urows = frows
         for name, g in checked.items():
-            # duplicates summed by row in batch order, in one compiled pass (see carls_dask.bank.gradsum)
-            urows, summed = sum_by_row(frows, g if all_found else g[found])
+            gf = g if all_found else g[found]
+            # the step computed where the rows live, each row's duplicate gradients added in batch order as it
+            # is read (see carls_dask.bank.rowstep); otherwise on gathered copies, the sums made first
+            grouped = group_by_row(frows) if name in t.slots else None
+            plan = None if grouped is None else plan_step(
+                str(spec.optimizer), t.cols[name], t.slots[name], grouped[0], gf, learning_rate=float(lr),
+                betas=spec.adam_betas, epsilon=spec.adam_epsilon, empty=self.buffers.empty, first=grouped[1],
+                nxt=grouped[2])
+            stages.mark("shard", "dedupe")
+            if plan is not None and grouped is not None:
+                urows = grouped[0]
+                plans.append((name, plan))
+                continue
+            urows, summed = sum_by_row(frows, gf)
             if name in t.slots:
                 cur = {s: a[urows] for s, a in t.slots[name].items()}
             else:
                 col = spec.column(name)
                 cur = initial_slots(spec.optimizer, urows.shape[0], col.shape, col.np_dtype,
                                     spec.adagrad_initial_accumulator)
-            new_w, new_slots = apply_optimizer(
-                str(spec.optimizer),
-                t.cols[name][urows],
-                summed,
-                cur,
-                learning_rate=float(lr),
-                betas=spec.adam_betas,
-                epsilon=spec.adam_epsilon,
-            )
+            new_w, new_slots = apply_optimizer(str(spec.optimizer), t.cols[name][urows], summed, cur,
+                                               learning_rate=float(lr), betas=spec.adam_betas,
+                                               epsilon=spec.adam_epsilon)
             if not np.isfinite(new_w).all():
-                raise InvalidBatchError(
-                    f"table {table!r}, column {name!r}: the {spec.optimizer} step would make weights non-finite; "
-                    "nothing was changed"
-                )
+                raise self._non_finite(t, name)
             results.append((name, new_w, new_slots))
+        done: list[StepPlan] = []
+        for name, plan in plans:  # every reference column checked: now the in-place steps, taken back on failure
+            if not plan.run():
+                for other in reversed(done):
+                    other.undo()
+                raise self._non_finite(t, name)
+            done.append(plan)
+        stages.mark("shard", "optimizer arithmetic")
         for name, new_w, new_slots in results:
             slots = t.ensure_slots(name)
             t.cols[name][urows] = new_w
@@ -808,8 +860,15 @@ class ShardCore:
                 slots[s][urows] = a
         if self._ann:
             self._ann_touch(t, t.keys[urows])
+        stages.mark("shard", "write")
         self._touch(t, urows, now, None, None)
+        self.written = (t.spec.name, urows)
         return found
+
+    @staticmethod
+    def _non_finite(t: TableState, name: str) -> InvalidBatchError:
+        return InvalidBatchError(f"table {t.spec.name!r}, column {name!r}: the {t.spec.optimizer} step would make "
+                                 "weights non-finite; nothing was changed")
 
     def delete(self, table: str, keys: Any) -> np.ndarray:
         """Remove keys; returns ``bool[n]``, True where the key was present."""
@@ -820,6 +879,7 @@ class ShardCore:
         dead = np.unique(rows[present])
         if dead.size == 0:
             return present
+        self.written = None  # rows move
         n_new = t.n - dead.size
         self.dirty[t.spec.name].deleted(t.keys[dead])
         t.index.remove(t.keys[dead], t.keys)
@@ -1089,6 +1149,13 @@ class ShardCore:
             core.import_rows(name, arrays, makers=meta["makers"])
         core.version = int(meta["version"])
         return core
+
+    def reserve(self, table: str, rows: int) -> None:
+        """Make room for ``rows`` rows of ``table`` in all (storage and key index) before a bulk load, so that
+        loading them never grows (and copies) an array while it already holds most of them."""
+        t = self.table(table)
+        t.reserve(int(rows))
+        t.index.reserve(int(rows), t.keys)
 
     def import_rows(self, table: str, arrays: Mapping[str, np.ndarray], *, makers: Sequence[str] | None = None) -> int:
         """Upsert full rows (as in the exported state) exactly as given, provenance included.

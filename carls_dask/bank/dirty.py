@@ -64,6 +64,11 @@ class DirtyRows:
             self.marks = _grown(self.marks, int(rows.max()) + 1)
         self.marks[rows] = True
 
+    def marks_for(self, n: int) -> np.ndarray:
+        """The current marks grown to at least ``n`` rows (for a compiled pass that marks the rows it writes)."""
+        self.marks = _grown(self.marks, int(n))
+        return self.marks
+
     def deleted(self, keys: np.ndarray) -> None:
         """Record the keys of rows about to be deleted (before their rows are reused)."""
         if keys.size:

@@ -3,9 +3,9 @@
 The values are those of :func:`carls_dask.bank.hashing.normal_from_keys` and
 :func:`~carls_dask.bank.hashing.uniform_from_keys` (the same bits, the same float64 arithmetic, then
 cast to the column's dtype; on CPUs with AVX-512 NumPy's vectorised ``log1p`` can differ from the C
-library's, which the compiled loop calls, by one unit in the last place: up to 3 in a float64 normal value), computed in one pass per key without the ``[n, width]`` float64
-temporaries of the NumPy form (about 3x faster for a batch of float32[64] rows). Without numba the
-NumPy form is used.
+library's, which the compiled loop calls, by one unit in the last place: up to 3 in a float64 normal
+value), computed in one pass per key without the ``[n, width]`` float64 temporaries of the NumPy form,
+straight into the rows that hold them when the caller gives them. Without numba the NumPy form is used.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ if numba is not None:
 
 
 def initial_block(kind: str, keys: np.ndarray, seed: int, shape: tuple[int, ...], scale: float,
-                  dtype: Any) -> np.ndarray:
+                  dtype: Any, out: np.ndarray | None = None) -> np.ndarray:
     """``[n, *shape]`` initial values of ``kind`` (``"normal"`` or ``"uniform"``) for ``keys``.
 
     Parameters
@@ -65,21 +65,30 @@ def initial_block(kind: str, keys: np.ndarray, seed: int, shape: tuple[int, ...]
         Scale of the values.
     dtype
         Dtype of the result.
+    out
+        Where to write the values (``[n, *shape]`` of ``dtype``, C-contiguous); a new array when None.
     """
     if kind not in ("normal", "uniform"):
         raise ValueError(f"initial_block: kind must be 'normal' or 'uniform', got {kind!r}")
     k = np.ascontiguousarray(keys, dtype=np.int64)
     width = max(1, math.prod(shape))
     dt = np.dtype(dtype)
+    full = (k.shape[0], *shape)
     if numba is None:
         if kind == "uniform":
-            u = uniform_from_keys(k, seed, width)
-            return ((2.0 * u - 1.0) * scale).reshape((k.shape[0], *shape)).astype(dt)
-        return (normal_from_keys(k, seed, width) * scale).reshape((k.shape[0], *shape)).astype(dt)
-    # the kernel rounds float64 to float32/float64 on store; other dtypes go through float64
-    direct = dt in (np.dtype(np.float32), np.dtype(np.float64))
-    out = np.empty((k.shape[0], width), dtype=dt if direct else np.float64)
-    _fill_compiled(k, np.uint64(seed), float(scale), kind == "normal", out)
-    if not direct:
-        out = out.astype(dt)
-    return out.reshape((k.shape[0], *shape))
+            got = ((2.0 * uniform_from_keys(k, seed, width) - 1.0) * scale).reshape(full).astype(dt)
+        else:
+            got = (normal_from_keys(k, seed, width) * scale).reshape(full).astype(dt)
+    else:
+        # the kernel rounds float64 to float32/float64 on store; other dtypes go through float64
+        direct = dt in (np.dtype(np.float32), np.dtype(np.float64))
+        if direct and out is not None and out.flags.c_contiguous:
+            _fill_compiled(k, np.uint64(seed), float(scale), kind == "normal", out.reshape(k.shape[0], width))
+            return out
+        flat = np.empty((k.shape[0], width), dtype=dt if direct else np.float64)
+        _fill_compiled(k, np.uint64(seed), float(scale), kind == "normal", flat)
+        got = flat.reshape(full).astype(dt, copy=False)
+    if out is None:
+        return got
+    out[...] = got
+    return out

@@ -9,7 +9,7 @@ that copy:
 
 1. takes the bank's named :class:`distributed.Lock` (within ``carls.bank.rehome-timeout``);
 2. re-reads the table: if another copy already re-homed the shard, it adopts the new actor (in its
-   own :class:`~carls_dask.bank.transport.ShardTable`);
+   own :class:`~carls_dask.bank.actor_internals.ShardTable`);
 3. otherwise it starts a new :class:`~carls_dask.bank.actor.BankShard` actor on a live worker,
    which rebuilds itself from the bank store (newest snapshot plus the delta log after it), keeps
    the actor alive through a per-shard Variable that holds its future, and publishes the new table;
@@ -23,7 +23,7 @@ keys again). A batch that never reached the log is simply applied on the retry. 
 co-located task die with the task.
 
 Every contact with the actors themselves (starting one, building a handle, asking whether one is
-alive, the actors living on a worker) goes through :mod:`carls_dask.bank.transport`.
+alive, the actors living on a worker) goes through :mod:`carls_dask.bank.actor_internals`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from carls_dask import config
-from carls_dask.bank.transport import (
+from carls_dask.bank.actor_internals import (
     ShardTable,
     actor_alive,
     actor_handle,

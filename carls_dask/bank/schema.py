@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.bank.batchpass import all_finite
 from carls_dask.bank.changes import ChangeWatch
 from carls_dask.bank.optimizers import compute_dtype
 from carls_dask.bank.topk import METRICS
@@ -467,7 +468,7 @@ def check_batch_size(table: str, what: str, n: int) -> None:
 
 def check_finite(table: str, column: str, what: str, arr: np.ndarray) -> None:
     """Raise :class:`InvalidBatchError` if a float array holds NaN or Inf."""
-    if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
+    if arr.dtype.kind == "f" and arr.size and not all_finite(arr):
         bad = np.argwhere(~np.isfinite(arr.reshape(arr.shape[0], -1)))[0]
         raise InvalidBatchError(
             f"table {table!r}, column {column!r}: {what} contain NaN or Inf (first at row {int(bad[0])}); "

@@ -96,6 +96,23 @@ if numba is not None:
                 for j in range(w):
                     seg[o, j] = values[i, j]
 
+    @numba.njit(cache=True, nogil=True)
+    def _scatter_from_compiled(segments, shift, mask, rows, hi, values, src):
+        # row rows[i] takes values[src[i]]; the rows are distinct
+        clipped, order, starts = _group_by_segment(rows, shift, len(segments), hi)
+        w = values.shape[1]
+        for s in range(len(segments)):
+            a, b = starts[s], starts[s + 1]
+            if a == b:
+                continue
+            seg = segments[s]
+            for p in range(a, b):
+                i = order[p]
+                o = clipped[i] & mask
+                k = src[i]
+                for j in range(w):
+                    seg[o, j] = values[k, j]
+
 
 def segment_rows_for(row_bytes: int, segment_bytes: int = SEGMENT_BYTES) -> int:
     """Rows of one segment: the largest power of two with ``rows * row_bytes <= segment_bytes`` (bounded)."""
@@ -143,6 +160,7 @@ class SegmentedArray:
         self._mask = seg - 1
         self._segments: list[np.ndarray] = []
         self._words: Any = None  # typed list of the segments' [rows, width] unsigned views (kernels)
+        self._flat: Any = None  # the same as [rows, width] views of the dtype (arithmetic kernels), built on use
         self._cap = 0
         self.reserve(max(int(capacity), 0))
 
@@ -207,6 +225,24 @@ class SegmentedArray:
         for v in views:
             words.append(v)
         self._words = words
+        self._flat = None
+
+    def kernel_segments(self) -> Any:
+        """The segments as a numba typed list of ``[segment_rows, width]`` arrays of the dtype (views), for
+        compiled loops that compute on the rows in place; valid until the next growth. None without numba."""
+        if numba is None:
+            return None
+        if self._flat is None:
+            flat = TypedList()
+            for seg in self._segments:
+                flat.append(seg.reshape(seg.shape[0], self.width))
+            self._flat = flat
+        return self._flat
+
+    @property
+    def segment_shift(self) -> int:
+        """``log2(segment_rows)``: row ``r`` lives in segment ``r >> segment_shift``."""
+        return self._shift
 
     # -- helpers ------------------------------------------------------------------------------------
     def _rows(self, key: Any) -> np.ndarray:
@@ -288,6 +324,30 @@ class SegmentedArray:
             yield start + at, part
 
     # -- writes -------------------------------------------------------------------------------------
+    def put(self, rows: np.ndarray, values: np.ndarray, src: np.ndarray) -> None:
+        """``a[rows[i]] = values[src[i]]`` for distinct in-range ``rows``, without gathering ``values[src]`` first.
+
+        Parameters
+        ----------
+        rows
+            ``int64[m]`` distinct rows, each in ``[0, len(a))``.
+        values
+            ``[n, *row_shape]`` values of the dtype.
+        src
+            ``int64[m]`` positions in ``values``.
+        """
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        src = np.ascontiguousarray(src, dtype=np.int64)
+        m = rows.shape[0]
+        if m == 0:
+            return
+        v = np.ascontiguousarray(values, dtype=self.dtype)
+        if numba is None:
+            self[rows] = v[src]
+            return
+        flat = v.reshape(v.shape[0], self.width).view(_word(self.dtype.itemsize))
+        _scatter_from_compiled(self._words, self._shift, self._mask, rows, self._cap - 1, flat, src)
+
     def _values(self, value: Any, n: int) -> np.ndarray:
         v = np.asarray(value)
         try:

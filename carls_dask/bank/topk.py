@@ -13,10 +13,9 @@ hands the shard's used rows to :func:`exact_top_k`. Two backends give the same a
     ``pip install 'carls-dask[faiss]'``.
 ``"auto"``
     FAISS when it is installed, the table holds at least :data:`FAISS_MIN_ROWS` rows and the query at least
-    :data:`FAISS_MIN_QUERIES` rows, else NumPy. Below 20 query rows FAISS scores without BLAS, one query
-    at a time, and was 2-50x slower than NumPy in ``benchmarks/top_k.py``. On a 2-core Xeon, with the
-    index built on each call, FAISS was 0.6-1.3x NumPy's speed at 64 queries and 1.4-2.5x from 256
-    queries on (50,000 and 200,000 rows of d=64), hence the thresholds.
+    :data:`FAISS_MIN_QUERIES` rows, else NumPy. For a few query rows FAISS scores without BLAS, one query
+    at a time, and the index is built on each call, so it pays only for large tables and query batches
+    (``benchmarks/top_k.py`` compares the two; the thresholds come from its figures in ``docs/scaling.md``).
 
 Both backends return ``(keys[q, k'], scores[q, k'])`` best first with ties broken by the smaller key, where
 ``k' = min(k, usable rows)``; under cosine a row whose norm is below :data:`MIN_NORM` is not usable. The

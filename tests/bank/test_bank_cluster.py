@@ -30,7 +30,7 @@ def test_errors_raised_on_a_shard_surface_with_their_type(bank: KnowledgeBank) -
         bank.transport.table.handles[0].lookup("nodes", foreign, None, True, None).result(timeout=30)
 
 
-def test_bank_pickles_into_tasks_and_has_awaitable_forms(client: Any, bank: KnowledgeBank) -> None:
+def test_bank_pickles_into_tasks_and_is_awaited_in_a_thread(client: Any, bank: KnowledgeBank) -> None:
     assert pickle.loads(pickle.dumps(bank)).n_shards == 3
 
     def writer(b: KnowledgeBank, lo: int) -> int:
@@ -43,8 +43,9 @@ def test_bank_pickles_into_tasks_and_has_awaitable_forms(client: Any, bank: Know
     assert sorted(client.gather(futs))[-1] == 200
     assert bank.size("items") == 200
 
-    async def both() -> tuple[Any, Any]:
-        return await asyncio.gather(bank.lookup_async("items", np.arange(5)), bank.size_async("items"))
+    async def both() -> tuple[Any, Any]:  # the documented pattern for code on an event loop
+        return await asyncio.gather(asyncio.to_thread(bank.lookup, "items", np.arange(5)),
+                                    asyncio.to_thread(bank.size, "items"))
 
     r, n = asyncio.run(both())
     assert r.found.all() and n == 200

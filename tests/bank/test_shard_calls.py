@@ -20,7 +20,7 @@ def test_a_batch_shares_one_op_id_on_its_mutating_calls_and_reads_carry_none() -
     calls = stamp_op_ids([
         ShardCall(0, "update", ("t",), mutating=True),
         ShardCall(1, "update", ("t",), mutating=True),
-        ShardCall(0, "lookup", ("t",), loop_method="lookup_on_loop"),
+        ShardCall(0, "lookup", ("t",), on_loop=True),
         ShardCall(1, "delete", ("t",), mutating=True, op_id=7),
     ])
     assert calls[0].op_id is not None and calls[0].op_id == calls[1].op_id > 0
@@ -30,9 +30,7 @@ def test_a_batch_shares_one_op_id_on_its_mutating_calls_and_reads_carry_none() -
     assert again[0].op_id != calls[0].op_id  # a new batch, a new id
 
 
-def test_a_call_cannot_be_both_mutating_and_read_only() -> None:
-    with pytest.raises(ValueError, match="mutating call cannot be served read-only"):
-        ShardCall(0, "lookup", mutating=True, loop_method="lookup_on_loop")
+def test_only_a_mutating_call_carries_an_op_id() -> None:
     with pytest.raises(ValueError, match="not mutating"):
         ShardCall(0, "size", op_id=3)
 

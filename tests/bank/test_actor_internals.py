@@ -1,12 +1,13 @@
-"""What :mod:`carls_dask.bank.transport` assumes about distributed's internals, one test per assumption.
+"""What :mod:`carls_dask.bank.actor_internals` assumes about distributed's internals, one test per assumption.
 
-A distributed upgrade that changes one of them fails the test named for it (the module docstring
-of the transport lists them, with the distributed version they were written against).
+A distributed upgrade that changes one of them fails the test named for it (the module's docstring
+lists them, with the distributed version they were written against).
 """
 
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,22 +15,24 @@ import numpy as np
 import pytest
 
 from carls_dask.bank import BankShard, Column, TableSpec
-from carls_dask.bank.core import LookupRows
-from carls_dask.bank.transport import (
-    _LOST_TEXT,
+from carls_dask.bank.actor_internals import (
     _UNREACHABLE_TEXT,
+    LOST_TEXT,
     actor_handle,
     execute,
     handle_address,
     handle_client,
     handle_lost,
+    release_handle,
     run_on_loop,
     scheduler_holds,
     start_shard,
     worker_actors,
     worker_client,
 )
+from carls_dask.bank.core import LookupRows
 from carls_dask.errors import UnknownTableError
+from tests.processes import wait_for
 
 
 def spec() -> TableSpec:
@@ -59,6 +62,22 @@ def test_a_creators_handle_holds_the_actor_future_and_its_status(client: Any, ac
     assert not handle_lost(handle)
     client.cancel([fut])  # an actor whose task is gone: the handle's future leaves "finished"
     assert handle_lost(handle)
+
+
+def test_a_handles_future_holds_the_actor_until_released(client: Any) -> None:
+    worker = sorted(client.scheduler_info(n_workers=-1)["workers"])[0]
+    key = f"assume-{id(client)}-held"
+    fut = start_shard(client, BankShard, ([spec().to_json()], 0, 1, 4), worker, key)
+    handle = fut.result(timeout=60)
+
+    def held(dask_worker: Any) -> bool:
+        return key in dask_worker.state.actors
+
+    fut.release()
+    time.sleep(0.5)
+    assert client.run(held, workers=[worker])[worker]  # the handle's own future still holds it
+    release_handle(handle)
+    wait_for(lambda: not client.run(held, workers=[worker])[worker], "the worker dropping the released actor", 30)
 
 
 def test_a_creators_handle_is_bound_to_its_client(client: Any, actor: tuple[Any, Any, str]) -> None:
@@ -102,7 +121,7 @@ def test_a_coroutine_method_is_awaited_on_the_workers_event_loop(actor: tuple[An
     _, handle, _ = actor
 
     async def read() -> Any:
-        return await execute(handle, "lookup_on_loop", ("t", np.arange(4), None), {})
+        return await execute(handle, "call_on_loop", ("lookup", "t", np.arange(4), None), {})
 
     rows = run_on_loop(handle, read)
     assert isinstance(rows, LookupRows)  # not a coroutine object: the worker awaited it
@@ -151,7 +170,7 @@ def test_the_lost_actor_error_texts_are_distributeds() -> None:
     import distributed.actor
 
     source = inspect.getsource(distributed.actor)
-    assert _LOST_TEXT in source and _UNREACHABLE_TEXT in source
+    assert LOST_TEXT in source and _UNREACHABLE_TEXT in source
 
 
 def _ping_through_the_worker_loop(key: str, address: str) -> int:
