@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from carls_dask.console import command_name
 from carls_dask.storage.runfolder import PL_COVERAGE, PL_PRECISION, RunFolder
 
 __all__ = ["DEMO_PARADIGM", "FIGURE_SUFFIXES", "run_demo", "run_figures"]
@@ -107,12 +108,13 @@ def run_demo(run_dir: pathlib.Path | None = None, dataset: str = "cora", steps: 
         out.write("demo: figures in the run's metric store\n" + "\n".join(figures) + "\n")
     run = RunFolder(run_dir)
     last = next((lp.get("step") for lp in result.loops.values() if lp.get("kind") == "trainer"), None)
+    cmd = command_name()
     out.write(
         f"demo: finished in {elapsed:.0f} s\n"
-        f"  dashboard:  carls-dask dashboard {run_dir}\n"
-        f"  report:     carls-dask report {run_dir} -o {run.report}\n"
-        f"  bank:       carls-dask bank inspect {run.bank}\n"
+        f"  dashboard:  {cmd} dashboard {run_dir}\n"
+        f"  report:     {cmd} report {run_dir} -o {run.report}\n"
+        f"  bank:       {cmd} bank inspect {run.bank}\n"
         f"  in Python:  carls_dask.open_bank('{run.bank}', table='nodes')  /  carls_dask.open_metrics('{run.metrics}')\n"
-        f"  continue:   carls-dask run --resume {run_dir} --steps N (N above {last})\n"
+        f"  continue:   {cmd} run --resume {run_dir} --steps N (N above {last})\n"
     )
     return 0

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import subprocess
 import sys
@@ -209,13 +210,16 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: pathlib.Path) -> No
            "DASK_CARLS__CLUSTER__N_WORKERS": "1"}
     demo = _run([carls, "demo", "--steps", "30", "--run-dir", "demo"], cwd=work, env=env, timeout=600)
     run = work / "demo"
-    assert "demo: semi-supervised bank+pseudo (seed 0): test_acc 0." in demo and "carls-dask dashboard demo" in demo
+    assert "demo: semi-supervised bank+pseudo (seed 0): test_acc 0." in demo, demo
+    # the next commands it prints run as printed: this venv's bin folder is not on PATH, so they name the script
+    printed = {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in demo.splitlines() if ln.startswith("  "))}
+    assert shlex.split(printed["dashboard"]) == [carls, "dashboard", "demo"], printed
     assert json.loads((run / "result.json").read_text())["loops"]["trainer"]["step"] == 30
 
     port = free_port()
     log = work / "dashboard.log"
     with log.open("wb") as out_file:
-        server = subprocess.Popen([carls, "dashboard", "demo", "--port", str(port)], cwd=work, env=env,
+        server = subprocess.Popen([*shlex.split(printed["dashboard"]), "--port", str(port)], cwd=work, env=env,
                                   stdout=out_file, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         answers: list[int] = []
@@ -239,7 +243,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: pathlib.Path) -> No
 
     before = _folder_hash(run)
     refused = _run([carls, "run", "--resume", "demo"], cwd=work, env=env, status=1)
-    assert "the run finished at step 30; nothing to resume. Extend it with carls-dask run --resume demo --steps N" \
+    assert f"the run finished at step 30; nothing to resume. Extend it with {carls} run --resume demo --steps N" \
         in refused, refused
     assert _folder_hash(run) == before  # refused before anything was written
     extended = _run([carls, "run", "--resume", "demo", "--steps", "40"], cwd=work, env=env, timeout=600)

@@ -56,6 +56,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from carls_dask import config
+from carls_dask.console import command_name
 from carls_dask.errors import ConfigError, CorruptStoreError, StoreError
 from carls_dask.runtime.channel import LocalModelChannel
 from carls_dask.runtime.checkpoints import Checkpointer
@@ -104,7 +105,7 @@ class RunInterrupted(KeyboardInterrupt):
             return (f"interrupted at step {self.step}, before the first checkpoint (carls.run.snapshot-every); "
                     f"{self.run_dir} cannot be resumed: start the run again")
         return (f"interrupted at step {self.step}; checkpoint at step {self.checkpoint} kept in {self.run_dir}; "
-                f"continue with: carls-dask run --resume {self.run_dir}")
+                f"continue with: {command_name()} run --resume {self.run_dir}")
 
 
 @dataclasses.dataclass
@@ -693,7 +694,7 @@ def _check_resume(folder: pathlib.Path, steps: int | None) -> tuple[dict[str, An
     if previous is not None:
         if steps is None:
             raise ConfigError(f"{where}: the run finished at step {checkpoint}; nothing to resume. Extend it with "
-                              f"carls-dask run --resume {folder} --steps N, N above {checkpoint}")
+                              f"{command_name()} run --resume {folder} --steps N, N above {checkpoint}")
         if steps <= checkpoint:
             raise ConfigError(f"{where}: --steps {steps} is not above step {checkpoint}, where the run finished; "
                               f"expected N > {checkpoint} to extend it")

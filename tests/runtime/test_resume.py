@@ -24,6 +24,7 @@ import dask
 import pytest
 
 from carls_dask.cli import main
+from carls_dask.console import command_name
 from carls_dask.runtime import KnowledgeMaker, Paradigm, Trainer, resume_run, run_inline
 from carls_dask.runtime.registry import register_paradigm, unregister_paradigm
 from carls_dask.storage.runfolder import RunFolder
@@ -143,8 +144,8 @@ def test_a_finished_run_is_refused_and_left_byte_for_byte_as_it_was(fit: Fit, tm
     before = folder_hash(run)
     assert main(["run", "--resume", str(run)]) == 1
     err = capsys.readouterr().err
-    assert f"the run finished at step 30; nothing to resume. Extend it with carls-dask run --resume {run} --steps N, " \
-           "N above 30" in err
+    assert f"the run finished at step 30; nothing to resume. Extend it with {command_name()} run --resume {run} " \
+           "--steps N, N above 30" in err
     for steps in ("30", "12"):
         assert main(["run", "--resume", str(run), "--steps", steps]) == 1
         assert f"--steps {steps} is not above step 30, where the run finished; expected N > 30" in capsys.readouterr().err
@@ -271,7 +272,9 @@ def test_ctrl_c_names_the_step_the_checkpoint_and_the_resume_command(driver: lis
     kept = RunFolder(run).state_steps("trainer")[-1]
     assert lines[0].startswith("carls-dask run: interrupted at step ")
     reached = int(lines[0].split("interrupted at step ")[1].split(";")[0])
-    assert lines[0].endswith(f"; checkpoint at step {kept} kept in {run}; continue with: carls-dask run --resume {run}")
+    said, _, command = lines[0].partition("; continue with: ")
+    assert said.endswith(f"; checkpoint at step {kept} kept in {run}"), lines
+    assert command.split()[0].endswith("carls-dask") and command.split()[1:] == ["run", "--resume", str(run)], lines
     assert 40 <= kept <= reached and stopped_in < 60
     assert not (run / "result.json").exists()
     assert RunFolder(run).unknown() == []  # the Workbench's run.json included
