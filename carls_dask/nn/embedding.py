@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from carls_dask.bank.gradsum import sum_by_row
 from carls_dask.errors import ConfigError, InvalidBatchError, InvalidShapeError
 from carls_dask.nn.keys import LayerKeys, as_keys, padding_key_of
 from carls_dask.nn.pipeline import PipelineStats, RowPipeline
@@ -197,17 +198,25 @@ class BankLayer(nn.Module):
         return out
 
     def _push_gradient(self, keys: np.ndarray, grad: torch.Tensor) -> None:
-        """Sum the gradient of duplicate keys (on the rows' device), move it to the host once, push it."""
+        """Sum the gradient of duplicate keys, move it to the host once, push it.
+
+        On the host the sum is the bank's own (:func:`~carls_dask.bank.gradsum.sum_by_row`: one compiled
+        pass, each key's gradients added in batch order); on a GPU the rows are summed there, so only
+        the unique rows travel back.
+        """
         n = int(keys.shape[0])
-        g = grad.reshape(n, -1)
+        g = grad.detach().reshape(n, -1)
         uniq, inverse = np.unique(keys, return_inverse=True)
+        inverse = inverse.reshape(-1)
         if uniq.shape[0] == n:
-            out_keys, summed = keys, g
+            out_keys, host = keys, g.to("cpu").numpy()
+        elif g.device.type == "cpu":
+            first, host = sum_by_row(inverse, g.numpy())
+            out_keys = uniq[first]
         else:
-            idx = torch.from_numpy(inverse.reshape(-1)).to(g.device)
+            idx = torch.from_numpy(inverse).to(g.device)
             summed = torch.zeros((uniq.shape[0], g.shape[1]), dtype=g.dtype, device=g.device).index_add_(0, idx, g)
-            out_keys = uniq
-        host = summed.detach().to("cpu").numpy()
+            out_keys, host = uniq, summed.to("cpu").numpy()
         target = np.promote_types(self.source.dtype, np.float32)
         self.rows.push(out_keys, host.reshape(-1, *self.source.row_shape).astype(target, copy=False),
                        self.learning_rate)

@@ -44,6 +44,9 @@ __all__ = ["PipelineStats", "RowPipeline"]
 
 logger = logging.getLogger(__name__)
 
+#: Prefetches a layer keeps waiting for a forward that asks for their keys.
+MAX_PREFETCHES = 4
+
 
 @dataclasses.dataclass
 class PipelineStats:
@@ -188,21 +191,24 @@ class RowPipeline:
                                    f"(table {self.column.table!r}); expected the bank to answer") from None
 
     def _raise_failed_pushes(self) -> None:
-        """Raise the error of the oldest failed push (and forget the pushes that landed)."""
-        while self._pushes and self._pushes[0].future.done():
-            p = self._pushes[0]
-            exc = p.future.exception()
-            if exc is not None:
-                self._pushes.popleft()
-                raise exc
-            if self._reads and self._reads[0].after <= p.seq:
-                break  # a pending prefetch still needs to know about this push
+        """Raise the error of the oldest failed push (once), and forget the pushes no prefetch needs."""
+        failed = next((p for p in self._pushes if p.future.done() and p.future.exception() is not None), None)
+        if failed is not None:  # it never landed, so no read missed it
+            self._pushes.remove(failed)
+            exc = failed.future.exception()
+            assert exc is not None
+            raise exc
+        oldest = self._reads[0].after if self._reads else self._seq
+        while self._pushes and self._pushes[0].future.done() and self._pushes[0].seq < oldest:
             self._pushes.popleft()
 
     # -- reads ---------------------------------------------------------------------------------------------
     def prefetch(self, keys: np.ndarray, insert: bool) -> None:
         """Start reading the rows of ``keys`` now (after every push submitted so far)."""
         self._raise_failed_pushes()
+        while len(self._reads) >= MAX_PREFETCHES:  # unmatched prefetches: the oldest goes
+            self._reads.popleft()
+            self.stats.discarded += 1
         fut = self._submit(self.column.read, keys, insert)
         self._reads.append(_Read(keys, bool(insert), self._seq, fut))
 
@@ -215,15 +221,14 @@ class RowPipeline:
         """
         self._raise_failed_pushes()
         t0 = time.perf_counter()
+        at = next((i for i, r in enumerate(self._reads)
+                   if r.insert == bool(insert) and r.keys.shape == keys.shape and np.array_equal(r.keys, keys)), None)
         match = None
-        while self._reads:
-            r = self._reads.popleft()
-            if r.insert == bool(insert) and r.keys.shape == keys.shape and np.array_equal(r.keys, keys):
-                match = r
-                break
-            self.stats.discarded += 1
-            if r.future.done() and r.future.exception() is not None:
-                logger.debug("%s: a discarded prefetch had failed: %r", self.column.owner, r.future.exception())
+        if at is not None:  # prefetches queued before the match were never used
+            for _ in range(at):
+                self._reads.popleft()
+                self.stats.discarded += 1
+            match = self._reads.popleft()
         if match is None:
             rows = self._result(self._submit(self.column.read, keys, insert), "a read")
             missed = np.zeros(keys.shape[0], dtype=np.int64)
@@ -274,14 +279,17 @@ class RowPipeline:
             self._raise_failed_pushes()
 
     def flush(self) -> None:
-        """Wait until every submitted push has landed; raises the first push's error."""
+        """Wait until every submitted push has landed; raises the error of the first that failed (once)."""
         t0 = time.perf_counter()
         for p in list(self._pushes):
-            self._result(p.future, "a gradient push")
+            try:
+                self._result(p.future, "a gradient push")
+            except DeadlineExceeded:
+                raise
+            except Exception:  # raised below, in order, by the push that failed
+                logger.debug("%s: a gradient push failed", self.column.owner, exc_info=True)
         self.stats.push_wait_s += time.perf_counter() - t0
-        self._reads.clear()
         self._raise_failed_pushes()
-        self._pushes.clear()
 
     def pending(self) -> int:
         """Pushes submitted that have not landed yet."""
