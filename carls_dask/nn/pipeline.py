@@ -70,6 +70,8 @@ class PipelineStats:
         Prefetches dropped unused (the next forward asked for other keys).
     pushes
         Gradient pushes submitted.
+    push_s
+        Seconds backward spent submitting pushes (the whole bank call when the pipeline runs inline).
     wait_s
         Seconds forwards waited for their rows.
     push_wait_s
@@ -84,6 +86,7 @@ class PipelineStats:
     refetched_rows: int = 0
     discarded: int = 0
     pushes: int = 0
+    push_s: float = 0.0
     wait_s: float = 0.0
     push_wait_s: float = 0.0
 
@@ -269,12 +272,14 @@ class RowPipeline:
     # -- gradients -----------------------------------------------------------------------------------------
     def push(self, keys: np.ndarray, grads: np.ndarray, learning_rate: float | None) -> None:
         """Submit a gradient push of unique ``keys`` (returns before it lands when asynchronous)."""
+        t0 = time.perf_counter()
         with self._lock:
             seq = self._seq
             self._seq += 1
         fut = self._submit(self.column.push, keys, grads, learning_rate)
         self._pushes.append(_Push(seq, keys, fut))
         self.stats.pushes += 1
+        self.stats.push_s += time.perf_counter() - t0
         if not self.asynchronous:
             self._raise_failed_pushes()
 
