@@ -22,7 +22,7 @@ from carls_dask import config
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = ("concepts", "bank-api", "slurm", "writing-a-maker", "writing-a-paradigm", "configuration", "dynamic-memory",
-         "change-feeds", "shared-loading")
+         "change-feeds", "shared-loading", "embeddings")
 FENCE = re.compile(r"^```(?P<info>[^\n]*)\n(?P<body>.*?)^```[ \t]*$", re.M | re.S)
 PAGE_TIMEOUT = 600  # seconds all blocks of one page may take
 
