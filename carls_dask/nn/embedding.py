@@ -243,6 +243,15 @@ class BankLayer(nn.Module):
         """Wait until every gradient push has landed in the bank (raises a push's error)."""
         self.rows.flush()
 
+    def prefetch_state(self) -> list[dict[str, Any]]:
+        """The prefetched rows not used yet (see :meth:`RowPipeline.export_prefetches
+        <carls_dask.nn.pipeline.RowPipeline.export_prefetches>`), for a trainer's checkpoint."""
+        return self.rows.export_prefetches()
+
+    def load_prefetch_state(self, reads: list[dict[str, Any]]) -> None:
+        """Queue prefetched rows from :meth:`prefetch_state` (a trainer resumed from its checkpoint)."""
+        self.rows.import_prefetches(reads)
+
     def close(self) -> None:
         """Flush, then stop the layer's worker thread (the bank stays open)."""
         self.rows.close()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextvars
 import dataclasses
 import logging
 import threading
@@ -99,12 +100,17 @@ class PipelineStats:
 
 @dataclasses.dataclass
 class _Read:
-    """A read in flight: its keys, whether it inserts, the pushes it includes and its answer."""
+    """A read in flight: its keys, whether it inserts, the pushes it includes and its answer.
+
+    ``missed`` counts, per key, updates missed before the pipeline knew of the read (a read carried
+    over from a checkpoint).
+    """
 
     keys: np.ndarray
     insert: bool
     after: int
     future: concurrent.futures.Future[np.ndarray]
+    missed: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -184,7 +190,11 @@ class RowPipeline:
                 self._executor = ex
             else:
                 self._executor = _Inline()
-        return self._executor.submit(fn, *args)
+        if not self.asynchronous:
+            return self._executor.submit(fn, *args)
+        # the worker thread runs each call in the submitting thread's context: a trainer task's calls then
+        # find their Dask worker (distributed keeps it in a context variable) as they would in the task
+        return self._executor.submit(contextvars.copy_context().run, fn, *args)
 
     def _result(self, fut: concurrent.futures.Future[Any], what: str) -> Any:
         try:
@@ -239,6 +249,8 @@ class RowPipeline:
             rows = self._result(match.future, "a prefetched read")
             self.stats.prefetched += 1
             missed = self._missed(keys, match.after)
+            if match.missed is not None:
+                missed += match.missed
             over = missed > self.staleness
             if over.any():
                 rows = self._refetch(rows, keys, over, missed)
@@ -295,6 +307,27 @@ class RowPipeline:
                 logger.debug("%s: a gradient push failed", self.column.owner, exc_info=True)
         self.stats.push_wait_s += time.perf_counter() - t0
         self._raise_failed_pushes()
+
+    def export_prefetches(self) -> list[dict[str, Any]]:
+        """The prefetched reads not used yet, answered (waits for them), with the updates each row missed so far.
+
+        A trainer's checkpoint keeps them, so that a run resumed from it serves the next forward the rows an
+        uninterrupted run serves (rows read before the last step's push, not after it).
+        """
+        out = []
+        for r in self._reads:
+            rows = self._result(r.future, "a prefetched read")
+            missed = self._missed(r.keys, r.after) + (0 if r.missed is None else r.missed)
+            out.append({"keys": r.keys, "insert": r.insert, "rows": np.array(rows), "missed": missed})
+        return out
+
+    def import_prefetches(self, reads: list[dict[str, Any]]) -> None:
+        """Queue reads from :meth:`export_prefetches` as answered prefetches."""
+        for r in reads:
+            fut: concurrent.futures.Future[np.ndarray] = concurrent.futures.Future()
+            fut.set_result(np.asarray(r["rows"]))
+            self._reads.append(_Read(np.asarray(r["keys"], dtype=np.int64), bool(r["insert"]), self._seq, fut,
+                                     np.asarray(r["missed"], dtype=np.int64)))
 
     def pending(self) -> int:
         """Pushes submitted that have not landed yet."""

@@ -56,10 +56,13 @@ def rows(bank: KnowledgeBank) -> tuple[np.ndarray, np.ndarray]:
     return keys, got.values["embedding"]
 
 
-def on_worker(model: torch.nn.Module, batches: list[torch.Tensor]) -> tuple[list[float], dict[str, float]]:
+def on_worker(model: torch.nn.Module, batches: list[torch.Tensor],
+              prefetch: bool = False) -> tuple[list[float], dict[str, float]]:
     """A trainer's steps run as a task: the model (and its bank) arrive pickled."""
-    losses = train(model, batches)
-    return losses, model[0].pipeline_stats().as_metrics()
+    losses = train(model, batches, prefetch)
+    stats = model[0].pipeline_stats().as_metrics()
+    model[0].close()
+    return losses, stats
 
 
 @pytest.fixture
@@ -86,6 +89,24 @@ def test_a_trainer_task_on_a_worker_trains_the_dask_bank_as_in_process_shards(cl
     keys, got = rows(dask_bank)
     np.testing.assert_array_equal(keys, ref_keys)
     np.testing.assert_array_equal(got, ref_rows)
+
+
+def test_a_pipelined_trainer_task_reaches_the_bank_from_its_worker_thread(client: Any,
+                                                                          dask_bank: KnowledgeBank) -> None:
+    """The layer's worker thread inside a task finds the task's Dask worker (its calls run in the task's context)."""
+    batches = key_batches(4)
+    model = model_over(dask_bank, pipeline=True, staleness=1)
+    losses, stats = client.submit(on_worker, model, batches, True, pure=False).result(timeout=120)
+    ref: dict[str, Any] = {}
+
+    def run(m: torch.nn.Module) -> list[float]:
+        out = train(m, batches, prefetch=True)
+        ref["stale"] = m[0].pipeline_stats().stale_rows
+        return out
+
+    ref_losses, _, ref_rows = local_run(run, pipeline=True, staleness=1)
+    assert losses == ref_losses and stats["stale_rows"] == ref["stale"] > 0
+    np.testing.assert_array_equal(rows(dask_bank)[1], ref_rows)
 
 
 def test_pipelined_with_staleness_0_is_the_exact_order(dask_bank: KnowledgeBank) -> None:
