@@ -22,12 +22,11 @@ from carls_dask.bank import Column, TableSpec
 from carls_dask.errors import ConfigError
 from carls_dask.paradigms.node_embeddings.evaluation import link_auc, probe_accuracy, reconstruction
 from carls_dask.paradigms.node_embeddings.model import (
+    CONTEXTS,
     TABLE,
     BankTables,
     InProcessTables,
-    accidental_hits,
-    nodes_table,
-    sgns_loss,
+    node_tables,
 )
 from carls_dask.paradigms.node_embeddings.settings import GraphData, NodeEmbeddingSettings, load_graph_data
 from carls_dask.runtime.channel import ModelVersion
@@ -43,14 +42,14 @@ logger = logging.getLogger(__name__)
 NEIGHBOURS = "neighbours"
 
 
-def table_spec(s: NodeEmbeddingSettings) -> TableSpec:
-    """The ``nodes`` table of ``s``."""
-    return nodes_table(s.dim, s.lr, s.init_scale, s.accumulator)
+def table_specs(s: NodeEmbeddingSettings) -> tuple[TableSpec, TableSpec]:
+    """The ``nodes`` and ``contexts`` tables of ``s``."""
+    return node_tables(s.dim, s.lr, s.init_scale, s.accumulator)
 
 
 def bank_tables(s: NodeEmbeddingSettings) -> list[TableSpec]:
-    """The bank tables of a run: ``nodes`` and, with the maker, ``neighbours``."""
-    out = [table_spec(s)]
+    """The bank tables of a run: ``nodes``, ``contexts`` and, with the maker, ``neighbours``."""
+    out = list(table_specs(s))
     if s.maker:
         out.append(TableSpec(NEIGHBOURS, columns=(Column("nodes", "int64", (s.maker_k,), ("neighbour",)),
                                                   Column("scores", "float32", (s.maker_k,), ("neighbour",),
@@ -59,9 +58,10 @@ def bank_tables(s: NodeEmbeddingSettings) -> list[TableSpec]:
 
 
 def initialise_bank(bank: Any, n_nodes: int, chunk: int = 1 << 16) -> None:
-    """Allocate every node's row (frequency 1), so the bank's sampler ranks every node from the first step."""
-    for s in range(0, n_nodes, chunk):
-        bank.lookup(TABLE, np.arange(s, min(n_nodes, s + chunk), dtype=np.int64), columns=[], insert=True)
+    """Allocate every node's rows (frequency 1), so the bank's sampler ranks every node from the first step."""
+    for table in (TABLE, CONTEXTS):
+        for s in range(0, n_nodes, chunk):
+            bank.lookup(table, np.arange(s, min(n_nodes, s + chunk), dtype=np.int64), columns=[], insert=True)
 
 
 def _set_threads(s: NodeEmbeddingSettings) -> None:
@@ -72,10 +72,10 @@ def _set_threads(s: NodeEmbeddingSettings) -> None:
 
 
 def evaluate_vectors(data: GraphData, vectors: Any, seed: int) -> dict[str, float]:
-    """The run's figures for the vectors ``vectors(nodes, column)`` gives: link AUC and probe accuracy
+    """The run's figures for the vectors ``vectors(nodes, table)`` gives: link AUC and probe accuracy
     (``nouns``), or reconstruction mean rank and MAP (``closure``)."""
     nodes = np.arange(data.n_nodes)
-    emb = vectors(nodes, "embedding")
+    emb = vectors(nodes, TABLE)
     if data.link is not None:
         link = data.link
         out = {"link_auc": link_auc(emb, link.fit, link.fit_non, link.test, link.test_non, seed)}
@@ -84,7 +84,7 @@ def evaluate_vectors(data: GraphData, vectors: Any, seed: int) -> dict[str, floa
             out["probe_val_acc"], out["probe_acc"] = probe_accuracy(emb, g.labels, g.train, g.val, g.test, seed)
         return out
     assert data.closure is not None and data.sources is not None
-    ctx = vectors(nodes, "context")
+    ctx = vectors(nodes, CONTEXTS)
     rank, ap = reconstruction(lambda q: emb[q] @ ctx.T, data.closure, data.sources)
     return {"recon_mean_rank": rank, "recon_mean_avg_precision": ap}
 
@@ -116,7 +116,7 @@ class NodeEmbeddingTrainer(Trainer):
                 raise ConfigError(f"trainer {self.name!r}: backend 'bank' needs a bank with the 'nodes' table")
             self.tables = BankTables(ctx.bank, pipeline=s.pipeline, staleness=s.staleness, sampler=s.sampler)
         else:
-            self.tables = InProcessTables(table_spec(s), self.data.n_nodes, sampler=s.sampler)
+            self.tables = InProcessTables(table_specs(s), self.data.n_nodes, sampler=s.sampler)
         self.seconds = 0.0
         self.timed = 0
 
@@ -126,8 +126,8 @@ class NodeEmbeddingTrainer(Trainer):
         centers, contexts = self.source.batch_at(step)
         if s.uses_bank and s.pipeline:  # also at the last step: a run continued from its end reads these rows
             self.tables.prefetch(*self.source.batch_at(step + 1))
-        u, v, neg, neg_keys = self.tables.rows(centers, contexts, s.negatives, s.seed * 1_000_003 + step)
-        loss = sgns_loss(u, v, neg, s.negatives_per_pair, accidental_hits(contexts, neg_keys))
+        loss = self.tables.loss(s.loss_kind, centers, contexts, s.negatives, s.negatives_per_pair,
+                                s.seed * 1_000_003 + step)
         loss.backward()
         self.tables.step()
         self.seconds += time.perf_counter() - t0
@@ -192,11 +192,11 @@ class NeighbourMaker(KnowledgeMaker):
         rng = np.random.default_rng([s.seed, 11])
         if data.link is not None:
             truth = np.concatenate([data.link.test, data.link.test[::-1]], axis=1)
-            self.column, self.metric, self.figure = "embedding", "cosine", f"heldout_recall@{s.maker_k}"
+            self.table, self.metric, self.figure = TABLE, "cosine", f"heldout_recall@{s.maker_k}"
         else:
             assert data.closure is not None
             truth = data.closure
-            self.column, self.metric, self.figure = "context", "dot", f"ancestor_recall@{s.maker_k}"
+            self.table, self.metric, self.figure = CONTEXTS, "dot", f"ancestor_recall@{s.maker_k}"
         have = np.unique(truth[0])
         self.queries = np.sort(rng.choice(have, size=min(s.maker_queries, have.shape[0]), replace=False))
         keep = np.isin(truth[0], self.queries)
@@ -210,7 +210,7 @@ class NeighbourMaker(KnowledgeMaker):
         assert self.ctx is not None and self.ctx.bank is not None
         bank, k = self.ctx.bank, self.settings.maker_k
         q = bank.lookup(TABLE, self.queries, columns=["embedding"]).values["embedding"]
-        keys, scores = bank.top_k(TABLE, q, k + 1, column=self.column, metric=self.metric)
+        keys, scores = bank.top_k(self.table, q, k + 1, metric=self.metric)
         own = keys == self.queries[:, None]
         drop = np.where(own.any(1), own.argmax(1), k)  # the query itself, else the last
         keep = np.ones_like(keys, dtype=bool)

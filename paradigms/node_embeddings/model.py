@@ -1,15 +1,22 @@
-"""The skip-gram model with negative sampling, over node tables held in the bank or in the trainer.
+"""The skip-gram model, over node tables held in the bank or in the trainer.
 
-Each node has an input vector (column ``embedding``) and a context vector (column ``context``), as in
-word2vec; a (center, context) pair scores ``u . v``. One set of negatives is drawn for the whole batch
-(the bank's sampler: ``log_uniform`` over frequency rank, or ``uniform``), and every pair is pushed away
-from all of them with weight ``negatives_per_pair / len(negatives)`` (the expectation of drawing
-``negatives_per_pair`` per pair from the same distribution); a negative equal to the pair's context is
-left out. The evaluation uses the input vectors.
+Each node has an input vector (table ``nodes``) and a context vector (table ``contexts``), as in word2vec;
+a (center, context) pair scores ``u . v``. Two tables rather than two columns of one: a lookup with insert
+and a gradient push each log whole rows of their table to the bank's delta log, so a layer's calls then log
+only the column it reads. One set of negatives is drawn for the whole batch
+(the bank's sampler: ``log_uniform`` over frequency rank, or ``uniform``) and the pairs are trained with
+one of two losses:
+
+- ``"sgns"``, word2vec's negative sampling: every pair is pushed away from all the negatives with weight
+  ``negatives_per_pair / len(negatives)`` (the expectation of drawing ``negatives_per_pair`` per pair from
+  the same distribution); a negative equal to the pair's context is left out;
+- ``"softmax"``, sampled softmax (TensorFlow's ``sampled_softmax_loss``: logQ correction with the
+  sampler's expected counts, accidental hits removed): an estimate of the softmax of the context over
+  every node, which ranks a node's true contexts above all others (Nickel & Kiela's reconstruction).
 
 Two interchangeable table holders, the same arithmetic:
 
-- :class:`BankTables`: both columns of the bank table ``nodes``, read and trained through
+- :class:`BankTables`: the bank tables ``nodes`` and ``contexts``, read and trained through
   :class:`~carls_dask.nn.BankEmbedding` layers (Adagrad on the shards), negatives drawn by the bank;
 - :class:`InProcessTables`: two ``torch.nn.Embedding(sparse=True)`` with ``torch.optim.Adagrad`` of the
   same semantics (the table's initial accumulator, no epsilon), started from the rows the bank's
@@ -27,24 +34,29 @@ import torch
 
 from carls_dask.bank import Column, TableSpec
 from carls_dask.bank.sampling import order_by_frequency, sample_candidates
-from carls_dask.nn import BankEmbedding, initial_rows
+from carls_dask.nn import BankEmbedding, initial_rows, sampled_softmax_loss
 
-__all__ = ["TABLE", "BankTables", "InProcessTables", "accidental_hits", "nodes_table", "sgns_loss"]
+__all__ = ["CONTEXTS", "LOSSES", "TABLE", "BankTables", "InProcessTables", "accidental_hits", "node_tables",
+           "sgns_loss", "softmax_loss"]
 
 #: The bank table of the node vectors (the dashboards' drift map reads ``nodes.embedding``).
 TABLE = "nodes"
+#: The bank table of the context vectors (negatives are drawn from it, ranked by context frequency).
+CONTEXTS = "contexts"
+LOSSES = ("sgns", "softmax")
 
 
-def nodes_table(dim: int, lr: float, init_scale: float, accumulator: float, neighbours: int = 0,
-                optimizer: str = "adagrad") -> TableSpec:
-    """The ``nodes`` table: input vectors (normal, ``init_scale``), context vectors (zeros, as word2vec), and
-    optionally a ``neighbours`` column the neighbour maker writes."""
-    columns = [Column("embedding", "float32", (dim,), ("dim",), initializer="normal", init_scale=init_scale),
-               Column("context", "float32", (dim,), ("dim",), initializer="zeros")]
-    if neighbours:
-        columns.append(Column("neighbours", "int64", (neighbours,), ("neighbour",), initializer="zeros"))
-    return TableSpec(TABLE, columns=tuple(columns), optimizer=optimizer, learning_rate=lr,
-                     adagrad_initial_accumulator=accumulator, initializer="normal", init_scale=init_scale)
+def node_tables(dim: int, lr: float, init_scale: float, accumulator: float,
+                optimizer: str = "adagrad") -> tuple[TableSpec, TableSpec]:
+    """The ``nodes`` table (input vectors, normal with ``init_scale``) and the ``contexts`` table (context
+    vectors, zeros as in word2vec), each with one ``embedding`` column."""
+    def table(name: str, initializer: str, scale: float) -> TableSpec:
+        return TableSpec(name, columns=(Column("embedding", "float32", (dim,), ("dim",), initializer=initializer,
+                                               init_scale=scale),),
+                         optimizer=optimizer, learning_rate=lr, adagrad_initial_accumulator=accumulator,
+                         initializer=initializer, init_scale=scale)
+
+    return table(TABLE, "normal", init_scale), table(CONTEXTS, "zeros", 0.0)
 
 
 def sgns_loss(u: torch.Tensor, v: torch.Tensor, neg: torch.Tensor, negatives_per_pair: float,
@@ -62,6 +74,22 @@ def sgns_loss(u: torch.Tensor, v: torch.Tensor, neg: torch.Tensor, negatives_per
         i, j = torch.from_numpy(hits[0]), torch.from_numpy(hits[1])
         negs = negs - torch.nn.functional.logsigmoid(-(u[i] * neg[j]).sum(-1)).sum()
     return -(pos + negatives_per_pair / neg.shape[0] * negs)
+
+
+def softmax_loss(u: torch.Tensor, v: torch.Tensor, neg: torch.Tensor, true_logq: torch.Tensor,
+                 neg_logq: torch.Tensor, hits: tuple[np.ndarray, np.ndarray] | None = None) -> torch.Tensor:
+    """Sampled softmax of each pair's context against shared negatives, summed over pairs.
+
+    ``true_logq`` (``[B]``) and ``neg_logq`` (``[S]``) are the log expected counts subtracted from the
+    logits; a negative that is the pair's own context (``hits``) gets ``-FLOAT_MAX`` added, as TensorFlow does.
+    """
+    true = (u * v).sum(-1) - true_logq
+    sampled = u @ neg.T - neg_logq[None, :]
+    if hits is not None and hits[0].size:
+        i, j = torch.from_numpy(hits[0]), torch.from_numpy(hits[1])
+        sampled = sampled.index_put((i, j), torch.full((i.shape[0],), -torch.finfo(sampled.dtype).max,
+                                                       dtype=sampled.dtype), accumulate=True)
+    return -(true - torch.logsumexp(torch.cat([true[:, None], sampled], 1), 1)).sum()
 
 
 def accidental_hits(contexts: np.ndarray, negatives: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -88,20 +116,27 @@ class BankTables:
 
     def __init__(self, bank: Any, *, pipeline: bool, staleness: int, sampler: str) -> None:
         self.bank = bank
-        self.inputs = BankEmbedding(bank, TABLE, "embedding", pipeline=pipeline, staleness=staleness)
-        self.contexts = BankEmbedding(bank, TABLE, "context", pipeline=pipeline, staleness=staleness)
+        self.inputs = BankEmbedding(bank, TABLE, pipeline=pipeline, staleness=staleness)
+        self.contexts = BankEmbedding(bank, CONTEXTS, pipeline=pipeline, staleness=staleness)
         self.sampler = sampler
 
-    def rows(self, centers: np.ndarray, contexts: np.ndarray, n_neg: int,
-             seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
-        """``(u, v, negatives, negative keys)`` of a batch: centers and contexts read with insert, the negatives
-        drawn by the bank and read without; context and negative rows go back to the bank as one push."""
+    def loss(self, kind: str, centers: np.ndarray, contexts: np.ndarray, n_neg: int, negatives_per_pair: float,
+             seed: int) -> torch.Tensor:
+        """The batch's loss (summed over pairs); backward pushes the rows' gradients to the bank.
+
+        Centers and contexts are read with insert, the negatives drawn by the bank and read without;
+        context and negative rows go back as one push. ``"softmax"`` is :func:`carls_dask.nn.sampled_softmax_loss`
+        over the context table.
+        """
         u = self.inputs(torch.from_numpy(centers))
         ctx = self.contexts
+        if kind == "softmax":
+            return sampled_softmax_loss(ctx, u, contexts, n_neg, sampler=self.sampler, seed=seed, reduction="sum")
         v = ctx.read(contexts, ctx.inserting())
-        neg_keys = self.bank.sample_negatives(TABLE, n_neg, sampler=self.sampler, seed=seed).keys
+        neg_keys = self.bank.sample_negatives(CONTEXTS, n_neg, sampler=self.sampler, seed=seed).keys
         both = ctx.track(np.concatenate([contexts, neg_keys]), torch.cat([v, ctx.read(neg_keys, False)]))
-        return u, both[: contexts.shape[0]], both[contexts.shape[0]:], neg_keys
+        return sgns_loss(u, both[: contexts.shape[0]], both[contexts.shape[0]:], negatives_per_pair,
+                         accidental_hits(contexts, neg_keys))
 
     def prefetch(self, centers: np.ndarray, contexts: np.ndarray) -> None:
         """Start reading the next batch's rows (see :meth:`~carls_dask.nn.BankLayer.prefetch`)."""
@@ -111,9 +146,9 @@ class BankTables:
     def step(self) -> None:
         """Nothing: the layers pushed their gradients in backward."""
 
-    def vectors(self, nodes: np.ndarray, column: str = "embedding") -> np.ndarray:
-        """``[len(nodes), d]`` vectors of ``column`` (a read: unseen nodes read their initial value)."""
-        layer = self.inputs if column == "embedding" else self.contexts
+    def vectors(self, nodes: np.ndarray, table: str = TABLE) -> np.ndarray:
+        """``[len(nodes), d]`` vectors of ``table`` (a read: unseen nodes read their initial value)."""
+        layer = self.inputs if table == TABLE else self.contexts
         layer.flush()
         with torch.no_grad():
             out: np.ndarray = layer.lookup(nodes, insert=False).numpy()
@@ -145,42 +180,48 @@ class InProcessTables:
 
     Parameters
     ----------
-    spec
-        The ``nodes`` table spec (initializer, learning rate, accumulator of the bank's version).
+    specs
+        The ``nodes`` and ``contexts`` table specs (initializers, learning rate, accumulator of the bank's version).
     n
         Nodes.
     sampler
         The negative sampler (the bank's code and distribution).
     """
 
-    def __init__(self, spec: TableSpec, n: int, *, sampler: str) -> None:
+    def __init__(self, specs: tuple[TableSpec, TableSpec], n: int, *, sampler: str) -> None:
         keys = np.arange(n, dtype=np.int64)
+        spec, ctx_spec = specs
         dim = spec.column("embedding").shape[0]
         self.inputs = torch.nn.Embedding(n, dim, sparse=True)
         self.contexts = torch.nn.Embedding(n, dim, sparse=True)
         with torch.no_grad():
             self.inputs.weight.copy_(torch.from_numpy(initial_rows(spec, "embedding", keys)))
-            self.contexts.weight.copy_(torch.from_numpy(initial_rows(spec, "context", keys)))
+            self.contexts.weight.copy_(torch.from_numpy(initial_rows(ctx_spec, "embedding", keys)))
         params = [self.inputs.weight, self.contexts.weight]
         lr = float(spec.learning_rate or 0.0)
         self.optimizer: torch.optim.Optimizer = (
             torch.optim.SGD(params, lr=lr) if spec.optimizer == "sgd" else
             torch.optim.Adagrad(params, lr=lr, initial_accumulator_value=spec.adagrad_initial_accumulator, eps=0.0))
         self.keys = keys
-        self.frequency = np.ones(n, dtype=np.int64)  # as after the bank's initial insert of every node
+        self.frequency = np.ones(n, dtype=np.int64)  # as the contexts table after the initial insert of every node
         self.sampler = sampler
 
-    def rows(self, centers: np.ndarray, contexts: np.ndarray, n_neg: int,
-             seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
-        """As :meth:`BankTables.rows`, with the frequencies counted here."""
+    def loss(self, kind: str, centers: np.ndarray, contexts: np.ndarray, n_neg: int, negatives_per_pair: float,
+             seed: int) -> torch.Tensor:
+        """As :meth:`BankTables.loss`, with the frequencies counted and the negatives drawn here."""
         n = self.keys.shape[0]
-        self.frequency += np.bincount(centers, minlength=n) + np.bincount(contexts, minlength=n)
-        sample = sample_candidates(TABLE, order_by_frequency(self.keys, self.frequency), n_neg, sampler=self.sampler,
-                                   unique=True, rng=np.random.default_rng(seed))
+        self.frequency += np.bincount(contexts, minlength=n)  # the contexts table's counts
+        sample = sample_candidates(CONTEXTS, order_by_frequency(self.keys, self.frequency), n_neg, sampler=self.sampler,
+                                   unique=True, true_keys=contexts if kind == "softmax" else None,
+                                   rng=np.random.default_rng(seed))
         neg_keys = sample.keys
-        idx = torch.from_numpy(np.concatenate([contexts, neg_keys]))
-        both = self.contexts(idx)
-        return self.inputs(torch.from_numpy(centers)), both[: contexts.shape[0]], both[contexts.shape[0]:], neg_keys
+        both = self.contexts(torch.from_numpy(np.concatenate([contexts, neg_keys])))
+        u, v, neg = self.inputs(torch.from_numpy(centers)), both[: contexts.shape[0]], both[contexts.shape[0]:]
+        hits = accidental_hits(contexts, neg_keys)
+        if kind == "softmax":
+            return softmax_loss(u, v, neg, torch.from_numpy(np.log(sample.true_expected_count)).to(u.dtype),
+                                torch.from_numpy(np.log(sample.expected_count)).to(u.dtype), hits)
+        return sgns_loss(u, v, neg, negatives_per_pair, hits)
 
     def prefetch(self, centers: np.ndarray, contexts: np.ndarray) -> None:
         """Nothing to fetch: the tables are here."""
@@ -190,9 +231,9 @@ class InProcessTables:
         self.optimizer.step()
         self.optimizer.zero_grad()
 
-    def vectors(self, nodes: np.ndarray, column: str = "embedding") -> np.ndarray:
-        table = self.inputs if column == "embedding" else self.contexts
-        return table.weight.detach()[torch.from_numpy(np.asarray(nodes))].numpy().copy()
+    def vectors(self, nodes: np.ndarray, table: str = TABLE) -> np.ndarray:
+        weight = (self.inputs if table == TABLE else self.contexts).weight
+        return weight.detach()[torch.from_numpy(np.asarray(nodes))].numpy().copy()
 
     def stats(self) -> dict[str, float]:
         return {}

@@ -15,6 +15,7 @@ from carls_dask.paradigms.data.noun_hierarchy import (
     noun_subtree,
     transitive_closure,
 )
+from carls_dask.paradigms.node_embeddings.model import LOSSES
 from carls_dask.paradigms.node_embeddings.walks import LinkSplit, PairSource, link_split
 
 __all__ = ["BACKENDS", "GRAPHS", "GraphData", "NodeEmbeddingSettings", "load_graph_data"]
@@ -49,8 +50,12 @@ class NodeEmbeddingSettings:
         (center, context) pairs per step.
     negatives
         Negatives the bank draws per step, shared by the batch.
+    loss
+        ``"sgns"`` (word2vec's negative sampling), ``"softmax"`` (sampled softmax with the bank's expected
+        counts, :func:`carls_dask.nn.sampled_softmax_loss`) or ``"auto"``: ``sgns`` on the noun graph (as
+        DeepWalk and node2vec), ``softmax`` on the closure, whose reconstruction ranks every node.
     negatives_per_pair
-        Weight of the negative term: each pair is pushed from every shared negative with weight
+        Weight of the negative term of ``sgns``: each pair is pushed from every shared negative with weight
         ``negatives_per_pair / negatives`` (word2vec's ``k`` negatives per pair, in expectation).
     sampler
         ``"log_uniform"`` (over frequency rank, Zipf-like as word2vec's unigram sampling) or ``"uniform"``.
@@ -96,6 +101,7 @@ class NodeEmbeddingSettings:
     dim: int = 64
     batch_size: int = 4096
     negatives: int = 256
+    loss: str = "auto"
     negatives_per_pair: float = 5.0
     sampler: str = "log_uniform"
     lr: float = 0.5
@@ -125,6 +131,8 @@ class NodeEmbeddingSettings:
             fail("graph", f"one of {GRAPHS}")
         if self.backend not in BACKENDS:
             fail("backend", f"one of {BACKENDS}")
+        if self.loss not in ("auto", *LOSSES):
+            fail("loss", f"'auto' or one of {LOSSES}")
         if self.sampler not in SAMPLERS:
             fail("sampler", f"one of {SAMPLERS}")
         for name in ("dim", "batch_size", "negatives", "walk_length", "window", "recon_sources", "publish_every",
@@ -153,6 +161,13 @@ class NodeEmbeddingSettings:
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
                                          or self.threads < 1):
             fail("threads", "a positive int or None")
+
+    @property
+    def loss_kind(self) -> str:
+        """The loss trained: :attr:`loss`, with ``"auto"`` resolved for the graph."""
+        if self.loss != "auto":
+            return self.loss
+        return "softmax" if self.graph == "closure" else "sgns"
 
     @property
     def uses_bank(self) -> bool:

@@ -122,7 +122,8 @@ def test_bank_held_embeddings_beat_random_ones_on_held_out_links(nouns: NounGrap
     from carls_dask.storage import open_bank, open_metrics
 
     nodes = open_bank(tmp_path / "bank" / "bank", table="nodes")
-    assert nodes.sizes["key"] == 1792 and "embedding" in nodes and "context" in nodes
+    contexts = open_bank(tmp_path / "bank" / "bank", table="contexts")
+    assert nodes.sizes["key"] == contexts.sizes["key"] == 1792 and "embedding" in nodes and "embedding" in contexts
     metrics = open_metrics(tmp_path / "bank" / "metrics.zarr")
     auc = metrics["trainer.link_auc"].dropna("step").values
     assert "trainer.loss" in metrics and len(set(auc.tolist())) == 2 and auc[-1] == pytest.approx(bank["link_auc"])
@@ -154,6 +155,34 @@ def test_closure_training_reconstructs_the_mammal_hierarchy(nouns: NounGraph) ->
     assert bank["recon_mean_avg_precision"] >= rand["recon_mean_avg_precision"] + 0.15, (bank, rand)
     assert bank["recon_mean_rank"] < rand["recon_mean_rank"] / 3, (bank, rand)
     assert bank["ancestor_recall@10"] > 0.1
+
+
+def test_the_paradigms_sampled_softmax_is_the_layers() -> None:
+    """The in-process loss and carls_dask.nn.sampled_softmax_loss over the bank give one number for one sample."""
+    import torch
+
+    from carls_dask.bank import KnowledgeBank
+    from carls_dask.nn import BankEmbedding, sampled_softmax_loss
+    from carls_dask.paradigms.node_embeddings.model import (
+        CONTEXTS,
+        accidental_hits,
+        node_tables,
+        softmax_loss,
+    )
+
+    torch.manual_seed(0)
+    with KnowledgeBank.local(list(node_tables(8, 0.1, 0.1, 0.1)), n_shards=2) as bank:
+        ctx = BankEmbedding(bank, CONTEXTS)
+        bank.update(CONTEXTS, np.arange(50), {"embedding": np.random.default_rng(0).standard_normal((50, 8))})
+        contexts = np.array([3, 3, 7, 0, 41])
+        sample = bank.sample_negatives(CONTEXTS, 12, sampler="log_uniform", true_keys=contexts, seed=1)
+        u = torch.randn(5, 8)
+        ours = sampled_softmax_loss(ctx, u, contexts, 12, sampled_values=sample, reduction="sum")
+        rows = torch.from_numpy(bank.lookup(CONTEXTS, np.concatenate([contexts, sample.keys])).values["embedding"])
+        theirs = softmax_loss(u, rows[:5], rows[5:], torch.from_numpy(np.log(sample.true_expected_count)).float(),
+                              torch.from_numpy(np.log(sample.expected_count)).float(),
+                              accidental_hits(contexts, sample.keys))
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-6)
 
 
 def test_settings_variants_and_registration() -> None:
