@@ -56,6 +56,7 @@ from carls_dask.dashboards.figures import (
 )
 from carls_dask.dashboards.runreader import RunReader
 from carls_dask.storage.metrics import MetricWriter
+from carls_dask.storage.runfolder import RunFolder
 from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
 
 CLASSES = 7
@@ -119,7 +120,7 @@ def append_metrics(writer: MetricWriter, start: int, n: int, seed: int = 0) -> N
 def write_request(run: pathlib.Path, index: int) -> None:
     """The run's ``request.json``: variants ``v0`` .. ``v4``, seeds 0, 1, ... (so the comparison averages seeds)."""
     run.mkdir(parents=True, exist_ok=True)
-    (run / "request.json").write_text(json.dumps({"paradigm": "bench", "variant": f"v{index % 5}", "settings": {"seed": index // 5}}))
+    RunFolder(run).request.write_text(json.dumps({"paradigm": "bench", "variant": f"v{index % 5}", "settings": {"seed": index // 5}}))
 
 
 # ---------------------------------------------------------------------------- the three ways to redraw
@@ -214,16 +215,16 @@ def main() -> None:
         run = pathlib.Path(tmp)
         step = 100
         for _ in range(args.snapshots):
-            write_snapshot(run / "bank", step, args.rows)
+            write_snapshot(RunFolder(run).bank, step, args.rows)
             step += 100
-        np.savez(run / "truth.npz", keys=np.arange(args.rows, dtype=np.int64), labels=np.arange(args.rows) % CLASSES)
+        np.savez(RunFolder(run).truth, keys=np.arange(args.rows, dtype=np.int64), labels=np.arange(args.rows) % CLASSES)
         write_request(run, 0)
         others = [run.parent / f"{run.name}-run{i}" for i in range(1, args.runs)]
         writers = []
         for i, path in enumerate([run, *others]):
             if i:
                 write_request(path, i)
-            writers.append(MetricWriter(path / "metrics.zarr", run=f"bench{i}", flush_rows=10**6, flush_seconds=3600))
+            writers.append(MetricWriter(RunFolder(path).metrics, run=f"bench{i}", flush_rows=10**6, flush_seconds=3600))
             append_metrics(writers[-1], 1, args.metric_rows, seed=i)
         writers[0]
         next_metric = args.metric_rows + 1
@@ -257,7 +258,7 @@ def main() -> None:
         rows: dict[str, list[float]] = {k: [] for k in keys}
         rows.update({f"{tab}_{k}": [] for tab in ticked for k in keys})
         for _ in range(args.rounds):
-            write_snapshot(run / "bank", step, args.rows)
+            write_snapshot(RunFolder(run).bank, step, args.rows)
             step += 100
             for i, w in enumerate(writers):
                 append_metrics(w, next_metric, args.new_rows, seed=i)

@@ -83,16 +83,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="unlabelled nodes per step of the bank variants (default: all; the lookup cost barely grows)")
     p.add_argument("--bank-temperature", type=float, default=BANK_DEFAULTS["neighbour_temperature"],
                    help="neighbour_temperature of the bank variants (chosen on the validation split)")
-    p.add_argument("--bank-threshold", type=float, default=BANK_DEFAULTS["threshold"],
+    p.add_argument("--bank-threshold", type=float, default=BANK_DEFAULTS["pseudo.threshold"],
                    help="pseudo-label confidence threshold of the bank variants (chosen on the validation split)")
     p.add_argument("--bank-pseudo-weight", type=float, default=None,
                    help="pseudo-label loss weight of the bank variants (default: the data set's preset, chosen on "
                         "its validation split)")
     p.add_argument("--bank-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other setting of the bank variants (pseudo_fraction=0.4, ...)")
+                   help="any other setting of the bank variants (pseudo.fraction=0.4, ...)")
     p.add_argument("--in-process", action="store_true",
                    help="accuracy runs in this process, makers in lock step (deterministic, paired seeds)")
-    p.add_argument("--data-dir", default=None, help="data folder (default: carls.data.dir, CARLS_DATA_DIR, ../shared/data)")
+    p.add_argument("--data-dir", default=None, help="data folder (default: carls.data.dir, else CARLS_DATA_DIR, else ../shared/data beside the checkout)")
     p.add_argument("--variants", default="0,1,2,3",
                    help="accuracy variants to run, by index: 0 base, 1 in-graph, 2 bank, 3 bank + pseudo labels")
     p.add_argument("--skip-accuracy", action="store_true")
@@ -109,8 +109,8 @@ def _fmt(values: list[float]) -> str:
 def _bank_options(args: argparse.Namespace) -> dict[str, str]:
     """The bank variants' settings the command line sets, as ``key=value`` strings for the paradigm."""
     return {"unlabelled_batch": str(args.bank_unlabelled_batch), "neighbour_temperature": str(args.bank_temperature),
-            "threshold": str(args.bank_threshold),
-            **({} if args.bank_pseudo_weight is None else {"pseudo_weight": str(args.bank_pseudo_weight)}),
+            "pseudo.threshold": str(args.bank_threshold),
+            **({} if args.bank_pseudo_weight is None else {"pseudo.weight": str(args.bank_pseudo_weight)}),
             **dict(item.split("=", 1) for item in args.bank_option)}
 
 

@@ -84,7 +84,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--driver", choices=("inline", "cluster"), default="inline")
     p.add_argument("--classifier", type=int, default=0, metavar="STEPS",
                    help="also train the concept classifier this many steps, sampled and full softmax (seed 0)")
-    p.add_argument("--cache-dir", default=None, help="image and feature cache (default: carls.data.dir or ~/.cache)")
+    p.add_argument("--cache-dir", default=None, help="image and feature cache (default: carls.data.cache/multimodal, see carls_dask.locations)")
     p.add_argument("--json", type=pathlib.Path, default=None, help="also write every figure to this file")
     return p.parse_args()
 
@@ -173,7 +173,7 @@ def _value(text: str) -> Any:
 
 
 def main() -> None:
-    from carls_dask.paradigms.multimodal.loops import load_corpus
+    from carls_dask.paradigms.multimodal.data import load_corpus
     from carls_dask.paradigms.multimodal.paradigm import Multimodal
 
     args = _args()

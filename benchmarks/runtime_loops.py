@@ -1,6 +1,6 @@
 """Runtime loops measured side by side on one LocalCluster (2 workers).
 
-For the digits example (``carls_dask.runtime.toy``) it runs the same trainer + maker pair under three
+For the digits example (``carls_dask.examples.digits``) it runs the same trainer + maker pair under three
 set-ups, alternating them over ``--repeats`` rounds so machine load hits each alike:
 
 - ``no bank``: the trainer never calls the bank (baseline: the loop's own cost);
@@ -24,8 +24,8 @@ SETUPS = ("no bank", "colocate", "spread")
 
 
 def one_run(client: Any, setup: str, steps: int) -> dict[str, float]:
+    from carls_dask.examples.digits import DigitsMaker, DigitsTrainer, digits_table
     from carls_dask.runtime import Workbench
-    from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer, digits_table
 
     with Workbench(client, progress=False) as wb:
         if setup != "no bank":

@@ -41,7 +41,7 @@ TIMING = {"trainer_seconds", "maker_staleness_s_mean"}
 @contextlib.contextmanager
 def _no_read_cache() -> Iterator[None]:
     """Each call of ``load_data`` reads the data set again, as a loop in a process of its own does."""
-    from carls_dask.paradigms.curriculum import settings as mod
+    from carls_dask.paradigms.curriculum import data as mod
 
     cached = mod._load
     mod._load = cached.__wrapped__  # type: ignore[assignment]
@@ -54,7 +54,7 @@ def _no_read_cache() -> Iterator[None]:
 def _arm(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from carls_dask.paradigms.curriculum import settings as mod
+    from carls_dask.paradigms.curriculum import data as mod
     from carls_dask.runtime import get_paradigm, run_inline
 
     torch.set_num_threads(1)

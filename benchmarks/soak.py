@@ -1,6 +1,6 @@
 """Soak: trainers, makers and a logged bank on a LocalCluster for a set time; nothing lost, memory flat.
 
-On a 2-worker LocalCluster a Workbench runs digits trainers and makers (``carls_dask.runtime.toy``)
+On a 2-worker LocalCluster a Workbench runs digits trainers and makers (``carls_dask.examples.digits``)
 with a bank whose every write goes to the delta log. Besides their own work each loop writes a
 ledger batch per step (trainer) or round (maker) into its own key range of a ``soak`` table and
 keeps, for every key, the step of its last acknowledged write. Meanwhile the driver snapshots the
@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.examples.digits import DigitsMaker, DigitsTrainer, digits_table
 from carls_dask.runtime.channel import ModelVersion
-from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer, digits_table
+from carls_dask.storage.runfolder import RunFolder
 
 SOAK = "soak"
 WIDTH = 8
@@ -164,7 +165,7 @@ def run(minutes: float, *, trainers: int = 1, makers: int = 1, snapshot_every: f
     if workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="carls-soak-")
         workdir = tmp.name
-    root = str(pathlib.Path(workdir) / "bank")
+    root = str(RunFolder(workdir).bank)
     threads = trainers + makers
     n_workers = 2
     per_worker = -(-threads // n_workers)

@@ -44,27 +44,38 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(run_dir=args.run_dir, dataset=args.dataset, steps=args.steps)
 
 
-#: Benchmark scripts live beside the packages, in the checkout's ``benchmarks/`` folder.
-BENCHMARKS_DIR = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+def benchmarks_dir() -> pathlib.Path | None:
+    """The ``benchmarks/`` folder of the source checkout this package runs from; ``None`` in an installed package.
+
+    The benchmark scripts are part of the repository, not of the package a wheel installs.
+    """
+    from carls_dask.locations import checkout_root
+
+    root = checkout_root()
+    folder = root / "benchmarks" if root is not None else None
+    return folder if folder is not None and folder.is_dir() else None
 
 
-def _benchmarks() -> list[str]:
-    if not BENCHMARKS_DIR.is_dir():
-        return []
-    return sorted(p.stem for p in BENCHMARKS_DIR.glob("*.py") if not p.name.startswith("_"))
+def _benchmarks(folder: pathlib.Path) -> list[str]:
+    return sorted(p.stem for p in folder.glob("*.py") if not p.name.startswith("_"))
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     import subprocess
 
-    names = _benchmarks()
+    folder = benchmarks_dir()
+    if folder is None:
+        raise ConfigError("the benchmark scripts are in the carls-dask source repository (its benchmarks/ "
+                          "folder), which this installation does not include; clone the repository, run ./dev setup "
+                          "there and run carls-dask bench from that environment")
+    names = _benchmarks(folder)
     if args.list or not args.name:
-        sys.stdout.write("".join(f"{n}\n" for n in names) if names else f"no benchmarks in {BENCHMARKS_DIR}\n")
+        sys.stdout.write("".join(f"{n}\n" for n in names) if names else f"no benchmarks in {folder}\n")
         return 0 if args.list else 2
     if args.name not in names:
-        raise ConfigError(f"bench: unknown benchmark {args.name!r}; expected one of {names} (in {BENCHMARKS_DIR})")
-    script = BENCHMARKS_DIR / f"{args.name}.py"
-    return subprocess.call([sys.executable, str(script), *args.script_args], cwd=BENCHMARKS_DIR.parent)
+        raise ConfigError(f"bench: unknown benchmark {args.name!r}; expected one of {names} (in {folder})")
+    script = folder / f"{args.name}.py"
+    return subprocess.call([sys.executable, str(script), *args.script_args], cwd=folder.parent)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,6 +139,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CarlsError as exc:
         sys.stderr.write(f"carls-dask {args.command}: error: {exc}\n")
         return 1
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line (a run names its checkpoint and the resume command)
+        runner = sys.modules.get("carls_dask.runtime.runner")  # loaded whenever a run was interrupted
+        said = exc if runner is not None and isinstance(exc, runner.RunInterrupted) else "interrupted"
+        sys.stderr.write(f"\ncarls-dask {args.command}: {said}\n")
+        return 130
     return status
 
 

@@ -16,12 +16,16 @@ import yaml
 
 from carls_dask.errors import ConfigError
 
-__all__ = ["SCHEMA_PATH", "YAML_PATH", "get", "get_seconds", "load_defaults", "resolved"]
+__all__ = ["RENAMED", "SCHEMA_PATH", "YAML_PATH", "get", "get_seconds", "load_defaults", "resolved"]
 
 YAML_PATH = pathlib.Path(__file__).with_name("carls.yaml")
 SCHEMA_PATH = pathlib.Path(__file__).with_name("carls-schema.yaml")
 
 _MISSING = object()
+
+#: Keys that were renamed, new name -> old name. A value set under the old name is refused with the new name,
+#: so a setting is never silently ignored.
+RENAMED = {"storage.keep-snapshots": "run.keep-snapshots"}
 
 
 def load_defaults() -> dict[str, Any]:
@@ -50,10 +54,13 @@ def get(key: str, override: Any = None) -> Any:
     Raises
     ------
     ConfigError
-        If the key is not known.
+        If the key is not known, or its old name (:data:`RENAMED`) is set.
     """
     if override is not None:
         return override
+    old = RENAMED.get(key)
+    if old is not None and dask.config.get(f"carls.{old}", default=_MISSING) is not _MISSING:
+        raise ConfigError(f"configuration key 'carls.{old}' is set; it was renamed: set 'carls.{key}' instead")
     value = dask.config.get(f"carls.{key}", default=_MISSING)
     if value is _MISSING:
         raise ConfigError(f"unknown configuration key 'carls.{key}'; known sections: {sorted(dask.config.get('carls'))}")

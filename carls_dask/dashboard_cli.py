@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from carls_dask import config
 from carls_dask.errors import ConfigError
+from carls_dask.storage.runfolder import REPORT
 
 __all__ = [
     "add_arguments",
@@ -117,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
         env["DASK_CARLS__DASHBOARD__REFRESH"] = str(args.refresh)
     runs = find_runs(args.run_paths)
     cmd = panel_command(runs, args.address, args.port, args.show)
+    for line in _damage_lines(runs):
+        sys.stderr.write(f"carls-dask dashboard: {line}\n")
     if args.dry_run:
         sys.stdout.write(" ".join(cmd) + "\n")
         return 0
@@ -138,16 +141,36 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
         help="run folder (metrics.zarr, bank/), several of them, or a folder of runs",
     )
     parser.add_argument(
-        "-o", "--output", type=pathlib.Path, default=pathlib.Path("report.html"),
+        "-o", "--output", type=pathlib.Path, default=pathlib.Path(REPORT),
         help="HTML file to write (default: report.html); its folder must exist",
     )
     parser.add_argument("--title", default=None, help="title of the page (default: the runs' names)")
 
 
+def _damage_lines(runs: Sequence[pathlib.Path]) -> list[str]:
+    """One line per finished run that lacks a part, naming what it lacks."""
+    from carls_dask.storage.runcheck import run_damage
+
+    lines = []
+    for path in runs:
+        damage = run_damage(path)
+        if damage:
+            lines.append(f"run {path} finished, but {'; '.join(damage)}; it cannot be shown whole")
+    return lines
+
+
 def run_report(args: argparse.Namespace) -> int:
-    """Handler of ``carls-dask report``: write the static HTML report of the runs and name the file written."""
+    """Handler of ``carls-dask report``: write the static HTML report of the runs and name the file written.
+
+    A finished run that lacks a part (its metric store, its bank) is reported with what it has; the
+    command then names each missing part and exits with status 1.
+    """
     from carls_dask.dashboards.report import write_report
+    from carls_dask.dashboards.runs import find_runs
 
     out = write_report(args.run_paths, args.output, title=args.title)
     sys.stdout.write(f"carls-dask report: wrote {out} ({out.stat().st_size / 1e6:.1f} MB)\n")
-    return 0
+    damaged = _damage_lines(find_runs(args.run_paths))
+    for line in damaged:
+        sys.stderr.write(f"carls-dask report: error: {line}\n")
+    return 1 if damaged else 0

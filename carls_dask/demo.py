@@ -17,6 +17,8 @@ import sys
 import time
 from typing import Any
 
+from carls_dask.storage.runfolder import PL_COVERAGE, PL_PRECISION, RunFolder
+
 __all__ = ["DEMO_PARADIGM", "FIGURE_SUFFIXES", "run_demo", "run_figures"]
 
 logger = logging.getLogger(__name__)
@@ -25,7 +27,7 @@ logger = logging.getLogger(__name__)
 DEMO_PARADIGM = "semi-supervised"
 
 #: Endings of the metric-store series the demo prints (accuracy and pseudo-label quality figures).
-FIGURE_SUFFIXES = ("acc", "accuracy", "pl_precision", "pl_coverage")
+FIGURE_SUFFIXES = ("acc", "accuracy", PL_PRECISION, PL_COVERAGE)
 
 
 def run_figures(run_dir: pathlib.Path) -> list[str]:
@@ -40,9 +42,10 @@ def run_figures(run_dir: pathlib.Path) -> list[str]:
     from carls_dask import storage
     from carls_dask.errors import CarlsError
 
+    run = RunFolder(run_dir)
     lines: list[str] = []
     try:
-        metrics = storage.open_metrics(run_dir / "metrics.zarr")
+        metrics = storage.open_metrics(run.metrics)
     except CarlsError:
         metrics = None
     if metrics is not None:
@@ -60,7 +63,7 @@ def run_figures(run_dir: pathlib.Path) -> list[str]:
                 lines.append(f"  {name:<32} last {values[seen[-1]]:.4f} (step {int(steps[seen[-1]])}), "
                              f"highest {values[best]:.4f} (step {int(steps[best])})")
     try:
-        snaps = storage.list_snapshots(run_dir / "bank")
+        snaps = storage.list_snapshots(run.bank)
     except CarlsError:
         snaps = []
     if snaps:
@@ -102,12 +105,14 @@ def run_demo(run_dir: pathlib.Path | None = None, dataset: str = "cora", steps: 
     figures = run_figures(run_dir)
     if figures:
         out.write("demo: figures in the run's metric store\n" + "\n".join(figures) + "\n")
+    run = RunFolder(run_dir)
+    last = next((lp.get("step") for lp in result.loops.values() if lp.get("kind") == "trainer"), None)
     out.write(
         f"demo: finished in {elapsed:.0f} s\n"
         f"  dashboard:  carls-dask dashboard {run_dir}\n"
-        f"  report:     carls-dask report {run_dir} -o {run_dir / 'report.html'}\n"
-        f"  bank:       carls-dask bank inspect {run_dir / 'bank'}\n"
-        f"  in Python:  carls_dask.open_bank('{run_dir / 'bank'}', table='nodes')  /  carls_dask.open_metrics('{run_dir / 'metrics.zarr'}')\n"
-        f"  continue:   carls-dask run --resume {run_dir} --steps N\n"
+        f"  report:     carls-dask report {run_dir} -o {run.report}\n"
+        f"  bank:       carls-dask bank inspect {run.bank}\n"
+        f"  in Python:  carls_dask.open_bank('{run.bank}', table='nodes')  /  carls_dask.open_metrics('{run.metrics}')\n"
+        f"  continue:   carls-dask run --resume {run_dir} --steps N (N above {last})\n"
     )
     return 0

@@ -53,8 +53,7 @@ def build() -> pn.viewable.Viewable | pn.viewable.Viewer:
     paths = run_paths_from(sys.argv)
     if not paths:
         return pn.pane.Alert(
-            "No run given. Serve with `panel serve dashboards/app.py --args RUN [RUN ...]`, "
-            "run `carls-dask dashboard RUN [RUN ...]`, or set CARLS_RUN.",
+            "No run given. Run `carls-dask dashboard RUN [RUN ...]`, or set CARLS_RUN.",
             alert_type="warning",
         )
     dash = Dashboard(

@@ -297,9 +297,11 @@ class Dashboard(pn.viewable.Viewer):
         self.ticks += 1
         path = self.reader.path if self.reader is not None else "(none)"
         runs = f"{len(self.readers)} runs; " if len(self.readers) > 1 else ""
+        damage = self.reader.damage() if self.reader is not None else []
         self.status.object = (
             f"{runs}run `{path}` &nbsp; refreshed {time.strftime('%H:%M:%S', time.localtime(self.last_refresh))} "
             f"in {self.refresh_seconds * 1000:.0f} ms, every {self.period:g} s"
+            + (f" &nbsp; **finished, but {'; '.join(damage)}**" if damage else "")
         )
 
     def _on_page(self, doc: Document | None, job: Callable[[], object]) -> None:

@@ -26,6 +26,7 @@ import pandas as pd
 import xarray as xr
 
 from carls_dask.errors import ConfigError
+from carls_dask.storage.runfolder import TRAIN_LOSS, RunFolder
 
 __all__ = [
     "MAKER_METRICS",
@@ -55,7 +56,7 @@ X_AXES = ("step", "wall time (s)")
 
 #: Unprefixed series some runs write for their trainer (older runs, test writers); used only when
 #: no ``trainer.<metric>`` series exists.
-_TRAINER_ALIASES = {"train_loss": "loss", "val_acc": "val_acc", "test_acc": "test_acc", "train_acc": "train_acc"}
+_TRAINER_ALIASES = {TRAIN_LOSS: "loss", "val_acc": "val_acc", "test_acc": "test_acc", "train_acc": "train_acc"}
 #: Names of evaluation metrics: accuracies, top-k, recall@k, precision, recall, F1, AUC, ranks.
 _EVAL = re.compile(r"(^|_)(acc|accuracy|top\d+|precision|recall|f1|auc|mrr|ndcg)($|_|@)|r@\d+|top\d+")
 #: Loss-like metric names of a trainer (the loss and its parts are drawn together).
@@ -262,8 +263,9 @@ class RunInfo:
 def run_info(path: str | pathlib.Path) -> RunInfo:
     """Paradigm, variant and seed of the run in ``path`` from ``result.json`` or ``request.json``."""
     path = pathlib.Path(path)
-    result = _read_json(path / "result.json")
-    request = _read_json(path / "request.json")
+    run = RunFolder(path)
+    result = _read_json(run.result)
+    request = _read_json(run.request)
     src = result or request or {}
     settings = src.get("settings") if isinstance(src.get("settings"), dict) else {}
     seed = src.get("seed", settings.get("seed") if settings else None)

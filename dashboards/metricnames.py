@@ -1,7 +1,8 @@
-"""Names of the metric series the dashboards look for in a run's metric store.
+"""The metric series the dashboards look for in a run's metric store, and how to find them.
 
-Trainers, makers and paradigms append these with ``MetricWriter.append(step, **values)``; every one
-is optional, and a view shows a message for a series that a run does not write.
+The names are defined once, in :mod:`carls_dask.storage.runfolder` (trainers, makers, paradigms
+and the progress sink write them from there), and re-exported here; every one is optional, and a
+view shows a message for a series that a run does not write.
 
 A run's progress sink writes each loop's figures as ``LOOP.name`` (``trainer.steps_per_s``,
 ``pseudo-labeller.pl_precision``) and some of them also without the loop's name; :func:`find_series`
@@ -12,6 +13,23 @@ from __future__ import annotations
 
 import numpy as np
 import xarray as xr
+
+from carls_dask.storage.runfolder import (
+    ACCURACY_BY_DIFFICULTY,
+    ADMITTED_FRACTION,
+    BANK_LOOKUPS,
+    BANK_ROWS,
+    BANK_UPDATES,
+    DIFFICULTY_HIST,
+    PACING,
+    PL_COVERAGE,
+    PL_PRECISION,
+    SAMPLED_FRACTION,
+    SCORED_FRACTION,
+    STEPS_PER_S,
+    TRAIN_LOSS,
+    WALL_TIME,
+)
 
 __all__ = [
     "ACCURACY_BY_DIFFICULTY",
@@ -32,36 +50,6 @@ __all__ = [
     "first_series",
     "loop_of",
 ]
-
-#: Unix time (seconds) of each row: a coordinate the metric store records itself; turns counters into rates.
-WALL_TIME = "wall_time"
-#: Training loss of the trainer at the step.
-TRAIN_LOSS = "train_loss"
-#: Trainer throughput, steps per second.
-STEPS_PER_S = "steps_per_s"
-#: Cumulative count of bank rows looked up (a counter; the dashboard shows its rate).
-BANK_LOOKUPS = "bank_lookups"
-#: Cumulative count of bank rows updated (a counter; the dashboard shows its rate).
-BANK_UPDATES = "bank_updates"
-#: Rows held by the bank.
-BANK_ROWS = "bank_rows"
-#: Pseudo-label precision against held-out truth, as measured by the run.
-PL_PRECISION = "pl_precision"
-#: Fraction of rows carrying a pseudo label.
-PL_COVERAGE = "pl_coverage"
-#: Curriculum pacing function: the fraction of the data the schedule admits at the step.
-PACING = "pacing"
-#: Fraction of the data actually admitted (sampled) up to the step.
-ADMITTED_FRACTION = "admitted_fraction"
-#: Fraction of the data the sampler actually drew from so far (realised sampling).
-SAMPLED_FRACTION = "sampled_fraction"
-#: Fraction of the data that has a difficulty score the sampler can rank by (a curriculum admits all data before).
-SCORED_FRACTION = "scored_fraction"
-#: Histogram of difficulty scores over fixed bins, one vector per step (dimension ``difficulty_bin``).
-DIFFICULTY_HIST = "difficulty_hist"
-#: Accuracy per difficulty bin, one vector per step (dimension ``difficulty_bin``).
-ACCURACY_BY_DIFFICULTY = "accuracy_by_difficulty"
-
 
 def loop_of(series_name: str) -> str:
     """The loop that wrote a series: the part of ``LOOP.name`` before the last dot, ``""`` for an unprefixed one."""

@@ -33,6 +33,8 @@ from carls_dask.dashboards.runreader import RunReader
 from carls_dask.dashboards.runs import find_runs
 from carls_dask.dashboards.views.compare import CompareView
 from carls_dask.errors import ConfigError
+from carls_dask.storage.runcheck import run_damage
+from carls_dask.storage.runfolder import REPORT, RESULT, RunFolder
 
 __all__ = ["check_report_paths", "make_dashboards", "run_summary", "write_report"]
 
@@ -63,7 +65,7 @@ def check_report_paths(runs: Sequence[pathlib.Path], out: pathlib.Path) -> None:
         if not run.is_dir():
             raise ConfigError(f"report: run folder {run} is a file; expected a folder written by `carls-dask run`")
     if out.is_dir():
-        raise ConfigError(f"report: output {out} is a folder; expected the path of an HTML file to write, e.g. {out / 'report.html'}")
+        raise ConfigError(f"report: output {out} is a folder; expected the path of an HTML file to write, e.g. {out / REPORT}")
     if not out.parent.is_dir():
         raise ConfigError(f"report: the folder of output {out} ({out.parent}) does not exist; create it first")
 
@@ -81,14 +83,17 @@ def make_dashboards(runs: Sequence[pathlib.Path]) -> list[tuple[str, Dashboard |
 
 
 def run_summary(run: pathlib.Path) -> dict[str, str]:
-    """One row of the table of runs: the run's name and what its ``result.json`` says (empty while it runs)."""
+    """One row of the table of runs: the run's name and what its ``result.json`` says (empty while it runs).
+
+    A finished run that lacks a part (see :func:`~carls_dask.storage.runcheck.run_damage`) says which.
+    """
     row = {"run": run.name, "folder": str(run)}
     try:
-        result = json.loads((run / "result.json").read_text())
+        result = json.loads(RunFolder(run).result.read_text())
     except FileNotFoundError:
-        return {**row, "state": "no result.json (running, stopped or failed)"}
+        return {**row, "state": f"no {RESULT} (running, stopped or failed)"}
     except (OSError, ValueError) as exc:
-        return {**row, "state": f"unreadable result.json: {exc}"}
+        return {**row, "state": f"unreadable {RESULT}: {exc}"}
     figures = result.get("figures", {})
     row.update(
         paradigm=str(result.get("paradigm", "")),
@@ -99,7 +104,8 @@ def run_summary(run: pathlib.Path) -> dict[str, str]:
     for key, heading in SUMMARY_FIGURES:
         value = figures.get(key)
         row[heading] = "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
-    return {**row, "state": "finished"}
+    damage = run_damage(run)
+    return {**row, "state": f"finished, but {'; '.join(damage)}" if damage else "finished"}
 
 
 def _runs_table(rows: list[dict[str, str]]) -> pn.pane.HTML:

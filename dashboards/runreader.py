@@ -22,17 +22,11 @@ import numpy as np
 import xarray as xr
 
 from carls_dask.errors import StoreError, StoreNotFoundError
+from carls_dask.storage.runfolder import BANK, METRICS, RunFolder
 
 __all__ = ["RunReader", "snapshot_to_dataset"]
 
 logger = logging.getLogger(__name__)
-
-METRICS = "metrics.zarr"
-BANK = "bank"
-TRUTH = "truth.npz"
-RESULT = "result.json"
-RUN_RECORD = "run.json"
-
 
 def snapshot_to_dataset(arrays: dict[str, np.ndarray], table: str, makers: list[str] | None = None) -> xr.Dataset:
     """Turn one table of a shard-state dict (``keys``, ``col/*``, ``prov/*``, ...) into a bank dataset.
@@ -78,6 +72,7 @@ class RunReader:
 
     def __init__(self, path: str | os.PathLike[str], table: str = "nodes", cache_snapshots: int = 4) -> None:
         self.path = pathlib.Path(path)
+        self.folder = RunFolder(self.path)
         self.table = table
         self._cache: OrderedDict[int, xr.Dataset] = OrderedDict()
         self._cache_size = cache_snapshots
@@ -89,6 +84,8 @@ class RunReader:
         self._latest_stamp: tuple[int, ...] = ()
         self._truth: xr.DataArray | None = None
         self._truth_stamp = -1
+        self._damage: list[str] = []
+        self._damage_stamp: tuple[object, ...] = ()
         # Views refresh from several threads. One lock per cache, so that the cheap reads of the newest
         # state (every tick) never wait behind a long run of snapshot reads for the plots.
         self._snap_lock = threading.RLock()
@@ -109,20 +106,38 @@ class RunReader:
     @property
     def metrics_path(self) -> pathlib.Path:
         """The run's metric store."""
-        return self.path / METRICS
+        return self.folder.metrics
 
     @property
     def bank_path(self) -> pathlib.Path:
         """The run's bank store."""
-        return self.path / BANK
+        return self.folder.bank
+
+    def damage(self) -> list[str]:
+        """What the run lacks although it finished: each missing or unreadable part, one sentence each.
+
+        Empty for a whole run and for one still going (see :func:`carls_dask.storage.runcheck.run_damage`).
+        Checked again only when the result, the metric store's commit record or the bank's manifest changed.
+        """
+        from carls_dask.storage.runcheck import run_damage
+
+        stamp = (_mtime_ns(self.folder.result), _mtime_ns(self.metrics_path / "metrics.json"),
+                 _mtime_ns(self.bank_path / "manifest.json"), self.metrics_path.exists(), self.bank_path.exists())
+        if stamp != self._damage_stamp:
+            self._damage = run_damage(self.path)
+            self._damage_stamp = stamp
+        return list(self._damage)
 
     def problem(self) -> str | None:
         """A sentence saying why there is nothing to show yet, or ``None`` when the run has data."""
         if not self.path.exists():
             return f"Run folder {self.path} does not exist (yet). Start a run that writes there, or pass another RUN_PATH."
         if not self.path.is_dir():
-            return f"Run path {self.path} is not a folder; expected a run folder with metrics.zarr and bank/."
+            return f"Run path {self.path} is not a folder; expected a run folder with {METRICS} and {BANK}/."
         if not self.metrics_path.exists() and not (self.bank_path / "manifest.json").exists():
+            damage = self.damage()
+            if damage:
+                return f"Run {self.path} finished, but {'; '.join(damage)}: there is nothing to show."
             return f"Run folder {self.path} is empty so far: no {METRICS} and no {BANK}/ snapshot. Waiting for the run to write."
         return None
 
@@ -360,7 +375,7 @@ class RunReader:
 
     def _truth_read(self) -> xr.DataArray | None:
         """Held-out labels over ``key`` from ``truth.npz``, or ``None`` when the run has none."""
-        p = self.path / TRUTH
+        p = self.folder.truth
         stamp = _mtime_ns(p)
         if stamp == 0:
             return None
@@ -378,10 +393,10 @@ class RunReader:
 
     def finished(self) -> bool:
         """Whether the run has ended: it wrote ``result.json``, or its ``run.json`` records an end time."""
-        if (self.path / RESULT).exists():
+        if self.folder.finished():
             return True
         try:
-            record = json.loads((self.path / RUN_RECORD).read_text())
+            record = json.loads(self.folder.run_record.read_text())
         except (OSError, ValueError):
             return False
         return isinstance(record, dict) and bool(record.get("ended"))

@@ -7,18 +7,16 @@ import pathlib
 from collections.abc import Sequence
 
 from carls_dask.errors import ConfigError
+from carls_dask.storage.runfolder import RUN_MARKERS, RunFolder
 
 __all__ = ["RUN_MARKERS", "find_runs", "is_run"]
-
-#: Entries of a run folder; a folder holding any of them is a run (possibly still starting).
-RUN_MARKERS = ("metrics.zarr", "bank", "result.json", "request.json", "run.json")
 
 PathLike = str | os.PathLike[str]
 
 
 def is_run(path: pathlib.Path) -> bool:
     """Whether ``path`` is a run folder: it holds a metric store, a bank, or a run record."""
-    return path.is_dir() and any((path / m).exists() for m in RUN_MARKERS)
+    return RunFolder(path).is_run()
 
 
 def _runs_in(folder: pathlib.Path) -> list[pathlib.Path]:

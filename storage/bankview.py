@@ -30,11 +30,18 @@ import zarr
 from xarray.backends import BackendArray
 from xarray.core import indexing
 
-from carls_dask.errors import CorruptStoreError, UnknownTableError
+from carls_dask.errors import CorruptStoreError, StoreNotFoundError, UnknownTableError
 from carls_dask.storage.bankstore import MAKERS_TABLE, BankReplay
 from carls_dask.storage.chunkio import open_checked
 from carls_dask.storage.deltalog import DeltaRecord, replay
-from carls_dask.storage.manifest import delta_seqs, entry_at_step, is_incremental, read_manifest, shard_name
+from carls_dask.storage.manifest import (
+    delta_seqs,
+    entry_at_step,
+    is_incremental,
+    list_snapshots,
+    read_manifest,
+    shard_name,
+)
 from carls_dask.storage.snapshots import read_snapshot
 
 __all__ = ["open_bank", "read_bank"]
@@ -252,6 +259,21 @@ def _build(
     return xr.Dataset(variables, coords={"key": keys}, attrs=attrs)
 
 
+def _records_to(root: pathlib.Path, man: Mapping[str, Any], entry: Mapping[str, Any], step: int | None,
+                tables: list[str]) -> list[DeltaRecord]:
+    """The delta records after snapshot ``man`` up to ``step``; a step past the newest the store holds is an error."""
+    since = delta_seqs(man)
+    if step is None or step <= int(entry["step"]) or list_snapshots(root)[-1]["version"] != entry["version"]:
+        return list(replay(root, since_seq=since, until_step=step, tables=tables))
+    records = list(replay(root, since_seq=since, tables=tables))
+    newest = max([int(entry["step"]), *(int(r.step) for r in records)])
+    if step > newest:
+        raise StoreNotFoundError(f"bank store {root}: step {step} is past the newest step it holds, {newest} (newest "
+                                 f"snapshot v{int(entry['version'])} at step {int(entry['step'])}, then the delta log); "
+                                 f"expected a step <= {newest}, or none for the newest state")
+    return [r for r in records if r.step <= step]
+
+
 def open_bank(path: str | os.PathLike[str], step: int | None = None, table: str | None = None) -> xr.Dataset:
     """Open a bank store (``RUN/bank``) as an :class:`xarray.Dataset`; no cluster needed.
 
@@ -275,7 +297,8 @@ def open_bank(path: str | os.PathLike[str], step: int | None = None, table: str 
     Raises
     ------
     StoreNotFoundError, IncompatibleStoreError, CorruptStoreError
-        Missing store or snapshot, other format version, damaged data.
+        Missing store or snapshot, a ``step`` past the newest one the store holds (the message names
+        it), other format version, damaged data.
     UnknownTableError
         If ``table`` is not in the bank (or is needed and missing).
     """
@@ -293,7 +316,7 @@ def open_bank(path: str | os.PathLike[str], step: int | None = None, table: str 
         "spec": json.dumps(man.get("meta", {}).get("tables", {}).get(tname, {})),
         "meta": json.dumps(man.get("meta", {})),
     }
-    records = list(replay(rootp, since_seq=delta_seqs(man), until_step=step, tables=[tname, MAKERS_TABLE]))
+    records = _records_to(rootp, man, entry, step, [tname, MAKERS_TABLE])
     if any(r.table == tname for r in records) or is_incremental(man):
         rows, makers, _ = read_bank(rootp, tname, step, records=records)
         attrs["makers"] = list(makers)

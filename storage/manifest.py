@@ -24,6 +24,7 @@ import numpy as np
 
 from carls_dask.errors import CorruptStoreError, IncompatibleStoreError, StoreNotFoundError
 from carls_dask.storage.fsutil import read_json
+from carls_dask.storage.runfolder import BANK, part_hint
 
 __all__ = [
     "FORMAT",
@@ -69,7 +70,8 @@ def empty_manifest() -> dict[str, Any]:
 def load_root_manifest(root: pathlib.Path) -> dict[str, Any]:
     """The root manifest of ``root``, checked (an empty one when nothing was committed yet)."""
     if not root.is_dir():
-        raise StoreNotFoundError(f"bank store {root}: no such folder; expected a folder written by begin_snapshot")
+        raise StoreNotFoundError(f"bank store {root}: no such folder; expected a run's bank folder (RUN/{BANK}) or a "
+                                 "folder a KnowledgeBank snapshot was written to" + part_hint(root, BANK))
     path = root / MANIFEST
     if not path.exists():
         return empty_manifest()
@@ -187,10 +189,17 @@ def list_snapshots(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return list(load_root_manifest(pathlib.Path(root))["snapshots"])
 
 
+def _no_snapshot(root: pathlib.Path) -> StoreNotFoundError:
+    """The error for a bank store without a committed snapshot (a run folder given for its bank gets a hint)."""
+    hint = part_hint(root, BANK)
+    return StoreNotFoundError(f"bank store {root}: no committed snapshot; expected at least one"
+                              + (hint or " (a run writes its first at step carls.run.snapshot-every)"))
+
+
 def _entry(root: pathlib.Path, version: int | None) -> dict[str, Any]:
     snaps = list_snapshots(root)
     if not snaps:
-        raise StoreNotFoundError(f"bank store {root}: no committed snapshot; expected at least one")
+        raise _no_snapshot(root)
     if version is None:
         return dict(snaps[-1])
     for e in snaps:
@@ -231,7 +240,7 @@ def entry_at_step(root: str | os.PathLike[str], step: int | None) -> dict[str, A
     rootp = pathlib.Path(root)
     snaps = list_snapshots(rootp)
     if not snaps:
-        raise StoreNotFoundError(f"bank store {rootp}: no committed snapshot; expected at least one")
+        raise _no_snapshot(rootp)
     if step is None:
         return dict(snaps[-1])
     older = [e for e in snaps if e["step"] <= step]

@@ -38,6 +38,7 @@ from carls_dask.errors import (
     StoreNotFoundError,
 )
 from carls_dask.storage.fsutil import WriterLock, atomic_write_json, read_json
+from carls_dask.storage.runfolder import METRICS, part_hint
 
 __all__ = ["MetricWriter", "open_metrics"]
 
@@ -46,13 +47,19 @@ logger = logging.getLogger(__name__)
 FORMAT = 1
 KIND = "carls-dask metrics"
 INDEX = "metrics.json"
+#: The lock file of the store's one writer.
+WRITER_LOCK = "writer.lock"
 #: Steps a store can hold (metadata only: unwritten chunks take no space).
 CAPACITY = 1 << 31
 
 
 def _load_index(path: pathlib.Path) -> dict[str, Any]:
     if not path.is_dir():
-        raise StoreNotFoundError(f"metric store {path}: no such folder; expected one written by MetricWriter")
+        raise StoreNotFoundError(f"metric store {path}: no such folder; expected a run's {METRICS} folder (RUN/{METRICS})"
+                                 + part_hint(path, METRICS))
+    if not (path / INDEX).exists():
+        raise StoreNotFoundError(f"metric store {path}: holds no {INDEX}, so it is not a metric store; expected a "
+                                 f"run's {METRICS} folder (RUN/{METRICS})" + part_hint(path, METRICS))
     idx = read_json(path / INDEX, f"metric store {path}")
     if idx.get("kind") != KIND or idx.get("format") != FORMAT:
         raise IncompatibleStoreError(
@@ -104,7 +111,7 @@ class MetricWriter:
         self.flush_rows = int(flush_rows)
         self.flush_seconds = float(flush_seconds)
         self.path.mkdir(parents=True, exist_ok=True)
-        self._lock = WriterLock(self.path / "writer.lock", f"metric store {self.path}")
+        self._lock = WriterLock(self.path / WRITER_LOCK, f"metric store {self.path}")
         try:
             if (self.path / INDEX).exists():
                 self._index = _load_index(self.path)

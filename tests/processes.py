@@ -1,5 +1,5 @@
-"""Helpers for tests that start processes: the installed console script, a free local port, a bounded stop, and a
-bounded wait."""
+"""Helpers for tests that start processes: the installed console script, a free local port, a bounded stop, and the
+one bounded wait every test polls through (:func:`wait_for`, :func:`wait_until`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any, TypeVar
+
+T = TypeVar("T")
 
 #: The ``carls-dask`` console script of this environment: what a user runs after installing the package.
 CARLS_DASK = os.path.join(os.path.dirname(sys.executable), "carls-dask")
@@ -87,20 +89,46 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 20.0, *, group: b
         except subprocess.TimeoutExpired:
             send(signal.SIGKILL)
             proc.wait(timeout=timeout)
-    if group:
-        deadline = time.monotonic() + timeout
-        while group_members(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if group_members(proc.pid):
-            send(signal.SIGKILL)
+    if group and not wait_until(lambda: not group_members(proc.pid), timeout):
+        send(signal.SIGKILL)
 
 
-def wait_for(cond: Callable[[], object], what: str, timeout: float) -> None:
-    """Poll ``cond`` every 0.1 s until it is true; fail naming ``what`` after ``timeout`` seconds."""
+def wait_until(cond: Callable[[], T], timeout: float, *, interval: float = 0.1,
+               sleep: Callable[[float], object] = time.sleep) -> T:
+    """Call ``cond`` every ``interval`` seconds until it returns a true value or ``timeout`` seconds have passed.
+
+    Returns the last value ``cond`` returned: true when the wait succeeded. ``cond`` may do a round of work
+    each call (write once more, read a line) and may end the wait early by raising (a process that exited, a
+    loop that failed). ``sleep`` waits between calls (the UI tests pass the browser page's own wait).
+    """
     deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"{what} not within {timeout}s"
-        time.sleep(0.1)
+    while True:
+        value = cond()
+        if value or time.monotonic() >= deadline:
+            return value
+        sleep(interval)
+
+
+def wait_for(cond: Callable[[], T], what: str | Callable[[], str], timeout: float, *, interval: float = 0.1,
+             sleep: Callable[[float], object] = time.sleep) -> T:
+    """:func:`wait_until` ``cond`` is true and return its value; fail when ``timeout`` seconds pass first.
+
+    The failure says ``"<what> not within <timeout>s"``, or, when ``what`` is a function, what it returns
+    then (a message that shows what was seen: a log's tail, the last status).
+    """
+    value = wait_until(cond, timeout, interval=interval, sleep=sleep)
+    if not value:
+        raise AssertionError(what() if callable(what) else f"{what} not within {timeout}s")
+    return value
+
+
+def read_count(stream: IO[str], least: int, what: str, timeout: float) -> int:
+    """Read the counts a writer process prints, one integer a line, until one is at least ``least``; return it.
+
+    Fails naming ``what`` when ``timeout`` seconds pass first (checked between lines: a writer that prints
+    nothing more blocks the read until it ends).
+    """
+    return wait_for(lambda: (n if (n := int(stream.readline())) >= least else 0), what, timeout, interval=0)
 
 
 #: Command-line parts of descendants the suite does not own: Python's multiprocessing helpers, which end with
@@ -145,9 +173,13 @@ def end_descendants(grace: float = 5.0, exclude: frozenset[int] = frozenset()) -
     """Wait up to ``grace`` seconds for this process's descendants to end; kill and return those that did not."""
     import psutil
 
-    deadline = time.monotonic() + grace
-    while (left := live_descendants(exclude)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    left: list[tuple[int, str]] = []
+
+    def ended() -> bool:
+        left[:] = live_descendants(exclude)
+        return not left
+
+    wait_until(ended, grace)
     for pid, _ in left:
         try:
             psutil.Process(pid).kill()

@@ -27,7 +27,7 @@ from carls_dask.storage.bankview import open_bank
 from carls_dask.storage.deltalog import replay
 from carls_dask.storage.snapshots import read_snapshot
 from tests.processes import CARLS_DASK, console_env
-from tests.storage.test_bank_cli import _store
+from tests.test_bank_cli import _store
 
 COUNTS: collections.Counter[str] = collections.Counter()
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pathlib
-import shutil
 import subprocess
-import sys
 
 import pytest
 
 from carls_dask import __version__
 from carls_dask.cli import build_parser, main
+from tests.processes import CARLS_DASK, console_env
 
 
 def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
@@ -36,9 +35,9 @@ def test_unknown_subcommand_is_rejected(capsys: pytest.CaptureFixture[str]) -> N
     assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
 
 
-def test_console_script_is_installed() -> None:
-    exe = shutil.which("carls-dask") or str(pathlib.Path(sys.executable).with_name("carls-dask"))
-    out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=120, check=True)
+def test_console_script_is_installed(tmp_path: pathlib.Path) -> None:
+    out = subprocess.run([CARLS_DASK, "--help"], capture_output=True, text=True, timeout=120, check=True,
+                         cwd=tmp_path, env=console_env())
     assert "usage: carls-dask" in out.stdout
 
 
@@ -80,6 +79,16 @@ def test_bench_lists_the_benchmark_scripts_and_rejects_unknown_ones(capsys: pyte
 
 def test_bench_runs_a_script_with_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "snapshot", "--help"]) == 0
+
+
+def test_bench_in_an_installed_package_says_the_scripts_are_in_the_repository(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from carls_dask import locations
+
+    monkeypatch.setattr(locations, "checkout_root", lambda: None)  # as in a wheel (the wheel test runs the real one)
+    assert main(["bench", "--list"]) == 1
+    assert ("carls-dask bench: error: the benchmark scripts are in the carls-dask source repository (its "
+            "benchmarks/ folder), which this installation does not include") in capsys.readouterr().err
 
 
 def _bank_run(path: pathlib.Path) -> pathlib.Path:

@@ -84,3 +84,11 @@ def test_durations_parse_and_bad_durations_are_named() -> None:
     assert config.get_seconds("runtime.stop-timeout", "2m") == 120.0
     with pytest.raises(ConfigError, match=r"runtime\.stop-timeout.*'soon'"):
         config.get_seconds("runtime.stop-timeout", "soon")
+
+
+def test_one_key_keeps_snapshots_and_its_old_name_is_refused_not_ignored() -> None:
+    assert config.get("storage.keep-snapshots") == 10
+    assert "keep-snapshots" not in config.load_defaults()["carls"]["run"]
+    with dask.config.set({"carls.run.keep-snapshots": 4}), pytest.raises(
+            ConfigError, match=r"'carls.run.keep-snapshots' is set; it was renamed: set 'carls.storage.keep-snapshots'"):
+        config.get("storage.keep-snapshots")

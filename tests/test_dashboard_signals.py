@@ -12,7 +12,16 @@ import urllib.request
 import pytest
 
 from tests.dashboards.runfolder import nodes, write_snapshot, write_truth
-from tests.processes import CARLS_DASK, console_env, free_port, group_members, port_open, stop_process
+from tests.processes import (
+    CARLS_DASK,
+    console_env,
+    free_port,
+    group_members,
+    port_open,
+    stop_process,
+    wait_for,
+    wait_until,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: Seconds for the server to import Panel and answer (2 shared cores, cold imports).
@@ -41,12 +50,10 @@ def _start(run: pathlib.Path, log: pathlib.Path) -> tuple[subprocess.Popen[bytes
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             env=console_env(DASK_CARLS__DASHBOARD__PLOT_REFRESH="1s"), cwd=log.parent,
         )
-    deadline = time.monotonic() + START_DEADLINE
-    while not port_open(port):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_process(proc, group=True)
-            raise AssertionError(f"carls-dask dashboard did not open port {port} (status {proc.returncode}): {log.read_text()[-3000:]}")
-        time.sleep(0.2)
+    if not wait_until(lambda: port_open(port) or proc.poll() is not None, START_DEADLINE, interval=0.2) \
+            or not port_open(port):
+        stop_process(proc, group=True)
+        raise AssertionError(f"carls-dask dashboard did not open port {port} (status {proc.returncode}): {log.read_text()[-3000:]}")
     return proc, port
 
 
@@ -61,9 +68,9 @@ def _assert_stops(proc: subprocess.Popen[bytes], port: int, sig: signal.Signals,
         pytest.fail(f"{sig.name}: the dashboard (pid {proc.pid}) still runs {STOP_DEADLINE} s later: {log.read_text()[-3000:]}")
     stopped_s = time.monotonic() - t0
     assert not port_open(port), f"{sig.name}: port {port} still accepts connections after the dashboard ended"
-    while (left := group_members(proc.pid)) and time.monotonic() - t0 < STOP_DEADLINE:
-        time.sleep(0.1)
-    assert not left, f"{sig.name}: processes of the dashboard's session remain: {left}"
+    wait_for(lambda: not group_members(proc.pid),
+             lambda: f"{sig.name}: processes of the dashboard's session remain: {group_members(proc.pid)}",
+             max(0.0, STOP_DEADLINE - (time.monotonic() - t0)))
     assert code in (0, -sig, 128 + sig), f"{sig.name}: unexpected exit status {code}: {log.read_text()[-3000:]}"
     return stopped_s
 

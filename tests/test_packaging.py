@@ -2,31 +2,53 @@
 
 The wheel test builds a wheel of this checkout, installs it (not editable) into a fresh virtual
 environment whose dependencies come from the test environment's site-packages (added as a plain path,
-so that environment's editable install of carls-dask is not seen), and runs a bank lookup, a snapshot
-reopened with ``open_bank`` and ``carls-dask --help`` there, from a folder outside the checkout.
+so that environment's editable install of carls-dask is not seen), and runs there, from a folder
+outside the checkout and without PYTHONPATH, what a user runs: ``carls-dask --help``, a bank lookup
+and a snapshot reopened with ``open_bank``, ``carls-dask demo`` (which first names the data setting,
+then runs with it), ``carls-dask dashboard RUN`` serving ``/app``, ``carls-dask report RUN``,
+``carls-dask run --resume RUN`` (refused on the finished run, then extending it) and ``carls-dask
+bench`` (which says the benchmarks are not in the package).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import sysconfig
 import textwrap
+import urllib.request
 import venv
 import zipfile
 
 import pytest
 
+from tests.processes import free_port, stop_process, wait_for
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SUBPACKAGES = ("storage", "paradigms", "dashboards")
 
 
-def _run(cmd: list[str], cwd: pathlib.Path, timeout: float = 300, env: dict[str, str] | None = None) -> str:
+def _run(cmd: list[str], cwd: pathlib.Path, timeout: float = 300, env: dict[str, str] | None = None,
+         status: int = 0) -> str:
+    """Run ``cmd``; assert it exits with ``status``; returns its output (stdout, then stderr when it failed)."""
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
-    assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout
+    assert proc.returncode == status, (f"{cmd} exited {proc.returncode}, expected {status}:\n{proc.stdout[-3000:]}\n"
+                                       f"{proc.stderr[-3000:]}")
+    return proc.stdout if status == 0 else proc.stdout + proc.stderr
+
+
+def _folder_hash(path: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        h.update(str(p.relative_to(path)).encode())
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
 
 
 def test_import_carls_dask_is_light() -> None:
@@ -97,8 +119,17 @@ def test_no_module_imports_the_old_top_level_names() -> None:
 
 @pytest.mark.slow
 def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: pathlib.Path) -> None:
+    # build from a copy of the working tree's files (tracked and new, not ignored): a build folder left in the
+    # checkout by an earlier build cannot slip old modules into the wheel, and the checkout gets none
+    src = tmp_path / "src"
+    listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
     dist = tmp_path / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(ROOT)],
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
          cwd=tmp_path)
     wheels = sorted(dist.glob("carls_dask-*.whl"))
     assert len(wheels) == 1, wheels
@@ -123,7 +154,9 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: pathlib.Path) -> No
 
     work = tmp_path / "elsewhere"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # as a user's shell gives it: no PYTHONPATH, no virtual environment, no data location
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "CARLS_DATA_DIR")
+           and not k.startswith("DASK_CARLS__DATA")}
     help_text = _run([str(env_dir / "bin" / "carls-dask"), "--help"], cwd=work, env=env)
     assert "run" in help_text and "bank" in help_text
     script = textwrap.dedent(
@@ -157,3 +190,59 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: pathlib.Path) -> No
     )
     out = _run([str(py), "-c", script], cwd=work, env=env)
     assert out.startswith("ok ") and str(env_dir) in out, out
+
+    # the commands a user runs, from this folder outside the checkout
+    carls = str(env_dir / "bin" / "carls-dask")
+    bench = _run([carls, "bench", "--list"], cwd=work, env=env, status=1)
+    assert "the benchmark scripts are in the carls-dask source repository" in bench, bench
+    # no data location configured: an installed package names the setting, and writes nothing
+    said = _run([carls, "demo", "--steps", "30", "--run-dir", "demo"], cwd=work, env=env, status=1)
+    assert "set carls.data.dir (or the environment variable CARLS_DATA_DIR) to it" in said, said
+    assert not (work / "demo").exists()
+    from carls_dask.paradigms.data.planetoid import find_data_dir
+
+    try:
+        data = find_data_dir()
+    except FileNotFoundError as exc:
+        pytest.skip(f"the Planetoid files are not present beside this checkout: {exc}")
+    env = {**env, "CARLS_DATA_DIR": str(data), "DASK_CARLS__RUN__SNAPSHOT_EVERY": "10",
+           "DASK_CARLS__CLUSTER__N_WORKERS": "1"}
+    demo = _run([carls, "demo", "--steps", "30", "--run-dir", "demo"], cwd=work, env=env, timeout=600)
+    run = work / "demo"
+    assert "demo: semi-supervised bank+pseudo (seed 0): test_acc 0." in demo and "carls-dask dashboard demo" in demo
+    assert json.loads((run / "result.json").read_text())["loops"]["trainer"]["step"] == 30
+
+    port = free_port()
+    log = work / "dashboard.log"
+    with log.open("wb") as out_file:
+        server = subprocess.Popen([carls, "dashboard", "demo", "--port", str(port)], cwd=work, env=env,
+                                  stdout=out_file, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        answers: list[int] = []
+
+        def page() -> bool:
+            assert server.poll() is None, log.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/app", timeout=60) as answer:
+                    answers.append(answer.status)
+                    return b"carls-dask run" in answer.read()
+            except OSError:
+                return False
+
+        wait_for(page, "the dashboard's /app page", 300)
+        assert answers[-1] == 200
+    finally:
+        stop_process(server, group=True)
+
+    report = _run([carls, "report", "demo", "-o", "demo/report.html"], cwd=work, env=env, timeout=600)
+    assert "carls-dask report: wrote demo/report.html" in report and (run / "report.html").stat().st_size > 100_000
+
+    before = _folder_hash(run)
+    refused = _run([carls, "run", "--resume", "demo"], cwd=work, env=env, status=1)
+    assert "the run finished at step 30; nothing to resume. Extend it with carls-dask run --resume demo --steps N" \
+        in refused, refused
+    assert _folder_hash(run) == before  # refused before anything was written
+    extended = _run([carls, "run", "--resume", "demo", "--steps", "40"], cwd=work, env=env, timeout=600)
+    assert "resumed from step 30; run folder demo" in extended, extended
+    result = json.loads((run / "result.json").read_text())
+    assert [(s["from_step"], s["to_step"]) for s in result["segments"]] == [(None, 30), (30, 40)]

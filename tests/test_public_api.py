@@ -41,9 +41,12 @@ PUBLIC = {
     "carls_dask.dashboards.views": ["CompareView", "CurriculumView", "DriftView", "HealthView", "LearningView", "PseudoLabelView"],
     "carls_dask.paradigms": [],
     "carls_dask.paradigms.data": [],
-    "carls_dask.paradigms.multimodal": [],
-    "carls_dask.paradigms.multimodal.paradigm": ["Multimodal", "MultimodalSettings", "RECALLS"],
-    "carls_dask.paradigms.semi_supervised": ["NodeClassifierCore", "SemiSupervised", "SemiSupervisedConfig"],
+    "carls_dask.paradigms.multimodal": ["Multimodal", "MultimodalSettings"],
+    "carls_dask.paradigms.multimodal.paradigm": ["Multimodal", "RECALLS"],
+    "carls_dask.paradigms.multimodal.settings": ["MultimodalSettings", "NEGATIVES"],
+    "carls_dask.paradigms.semi_supervised": [
+        "NodeClassifierCore", "PseudoLabelSettings", "SemiSupervised", "SemiSupervisedConfig", "SemiSupervisedSettings",
+    ],
     "carls_dask.paradigms.curriculum": [
         "BANK_COLUMNS", "CLEAN_MODES", "PACING_SCHEDULES", "SCORERS", "TABLE", "CleaningRule", "Curriculum",
         "CurriculumData", "CurriculumSampler", "CurriculumSettings", "CurriculumTrainer", "DifficultyMaker",

@@ -15,7 +15,7 @@ from carls_dask.bank import Column, TableSpec
 from carls_dask.errors import ConfigError
 from carls_dask.runtime.clusters import make_security
 from carls_dask.runtime.workbench import Workbench
-from tests.processes import CARLS_DASK, console_env, free_port, stop_process
+from tests.processes import CARLS_DASK, console_env, free_port, stop_process, wait_for
 
 CONNECT_DEADLINE = 5.0
 
@@ -189,15 +189,15 @@ def _serve_and_read_interface(tmp_path: pathlib.Path, *extra: str, env: dict[str
     try:
         import psutil
 
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
+        def listening() -> dict[int, str] | None:
             assert proc.poll() is None, f"the dashboard exited with {proc.returncode}"
             tree = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
             found = _listening(tree)
-            if port in found:
-                return found[port]
-            time.sleep(0.2)
-        raise AssertionError(f"the dashboard did not listen on port {port} within 90 s")
+            return found if port in found else None
+
+        found = wait_for(listening, f"the dashboard listening on port {port}", 90, interval=0.2)
+        assert found is not None
+        return found[port]
     finally:
         stop_process(proc)
 
@@ -225,7 +225,7 @@ def test_served_dashboard_binds_all_interfaces_only_when_asked(tmp_path: pathlib
 
 @pytest.mark.slow
 def test_trainer_and_maker_run_over_tls() -> None:
-    from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer, digits_table
+    from carls_dask.examples.digits import DigitsMaker, DigitsTrainer, digits_table
 
     with Workbench(security="temporary", progress=False,
                    cluster_options={"n_workers": 2, "threads_per_worker": 1}) as wb:

@@ -15,15 +15,13 @@ import dataclasses
 import logging
 import os
 import pathlib
-import re
 from typing import Any
+
+from carls_dask.storage.runfolder import RunFolder, state_file, state_step
 
 __all__ = ["Checkpointer"]
 
 logger = logging.getLogger(__name__)
-
-_STATE = re.compile(r"^step-(\d+)\.pt$")
-
 
 @dataclasses.dataclass(frozen=True)
 class Checkpointer:
@@ -48,7 +46,7 @@ class Checkpointer:
 
     def state_dir(self, trainer: str) -> pathlib.Path:
         """The folder of ``trainer``'s saved states."""
-        return pathlib.Path(self.run_dir) / "checkpoints" / trainer
+        return RunFolder(self.run_dir).state_dir(trainer)
 
     def due(self, step: int) -> bool:
         """Whether a checkpoint is due after ``step`` steps."""
@@ -75,7 +73,7 @@ class Checkpointer:
             self.snapshot_bank(bank, step)
         folder = self.state_dir(trainer)
         folder.mkdir(parents=True, exist_ok=True)
-        final = folder / f"step-{int(step):09d}.pt"
+        final = folder / state_file(step)
         tmp = folder / f".{final.name}.tmp"
         torch.save(state, tmp)
         os.replace(tmp, final)
@@ -88,9 +86,9 @@ class Checkpointer:
             return []
         found = []
         for p in folder.iterdir():
-            m = _STATE.match(p.name)
-            if m:
-                found.append((int(m.group(1)), p))
+            step = state_step(p.name)
+            if step is not None:
+                found.append((step, p))
         return sorted(found)
 
     def newest_step(self, trainer: str) -> int | None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pathlib
+import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from carls_dask import config
@@ -111,7 +115,27 @@ def start_local(**overrides: Any) -> Any:
     if gpus:
         kwargs["resources"] = {"GPU": max(1, gpus // n_workers)}
     kwargs.update(overrides)
-    return LocalCluster(**kwargs)
+    with _children_ignore_ctrl_c():
+        return LocalCluster(**kwargs)
+
+
+@contextlib.contextmanager
+def _children_ignore_ctrl_c() -> Iterator[None]:
+    """Ignore SIGINT while the block starts worker processes, so that they start with it ignored.
+
+    A Ctrl-C in a terminal goes to every process of its foreground group, local workers included. A
+    worker that took it would die mid-task (its own traceback, a lost bank shard); with SIGINT ignored
+    from birth only this process gets it, and the Workbench stops the loops in order and keeps the
+    checkpoint. Signal handlers can be set from the main thread only; elsewhere nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def start_jobqueue(**overrides: Any) -> Any:

@@ -10,7 +10,7 @@ from typing import Any
 
 from carls_dask.runtime.channel import ModelChannelLike
 
-__all__ = ["LoopContext", "LoopResult", "MakerRound", "StopControl", "ThreadStop", "pick_device"]
+__all__ = ["LoopContext", "LoopResult", "LoopSettings", "MakerRound", "StopControl", "ThreadStop", "pick_device"]
 
 
 def pick_device() -> str:
@@ -53,27 +53,18 @@ class ThreadStop(StopControl):
         self.event.set()
 
 
-@dataclasses.dataclass
-class LoopContext:
-    """Everything a trainer's or maker's hooks may use while it runs.
+@dataclasses.dataclass(kw_only=True)
+class LoopSettings:
+    """How a loop runs: the one description the Workbench sends with a loop and the loop then sees.
+
+    :class:`~carls_dask.runtime.tasks.LoopSpec` (what a Workbench submits) and :class:`LoopContext`
+    (what the hooks see) both are these settings plus what is their own; :meth:`loop_settings` gives
+    them over from one to the other.
 
     Attributes
     ----------
-    name
-        The loop's name (the trainer's or maker's ``name``).
-    kind
-        ``"trainer"`` or ``"maker"``.
-    device
-        Torch device string the loop should use: on a worker ``"cuda:<i>"`` (loops of one worker
-        process take its CUDA devices round-robin) where CUDA is available, else ``"cpu"``.
-    channel
-        The model channel: trainers publish to it, makers read the newest version from it.
-    stop
-        The loop's stop control.
     bank
         The knowledge bank the Workbench created, or ``None``.
-    report
-        Sends a dict of numbers to the Workbench's progress display and metric store.
     config
         The resolved ``carls`` configuration namespace.
     publish_every
@@ -92,13 +83,7 @@ class LoopContext:
         it snapshots the bank with its checkpoints.
     """
 
-    name: str
-    kind: str
-    device: str
-    channel: ModelChannelLike
-    stop: StopControl
     bank: Any = None
-    report: Callable[[Mapping[str, float]], None] = lambda values: None
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
     publish_every: int = 50
     poll_interval: float = 0.5
@@ -106,6 +91,40 @@ class LoopContext:
     metrics_every: int = 10
     checkpoint: Any = None
     primary: bool = False
+
+    def loop_settings(self) -> dict[str, Any]:
+        """These settings by name (no copies: the bank handle and config are passed on as they are)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(LoopSettings)}
+
+
+@dataclasses.dataclass
+class LoopContext(LoopSettings):
+    """Everything a trainer's or maker's hooks may use while it runs: the :class:`LoopSettings` (keywords
+    only) and the following.
+
+    Attributes
+    ----------
+    name
+        The loop's name (the trainer's or maker's ``name``).
+    kind
+        ``"trainer"`` or ``"maker"``.
+    device
+        Torch device string the loop should use: on a worker ``"cuda:<i>"`` (loops of one worker
+        process take its CUDA devices round-robin) where CUDA is available, else ``"cpu"``.
+    channel
+        The model channel: trainers publish to it, makers read the newest version from it.
+    stop
+        The loop's stop control.
+    report
+        Sends a dict of numbers to the Workbench's progress display and metric store.
+    """
+
+    name: str
+    kind: str
+    device: str
+    channel: ModelChannelLike
+    stop: StopControl
+    report: Callable[[Mapping[str, float]], None] = lambda values: None
 
 
 @dataclasses.dataclass(frozen=True)

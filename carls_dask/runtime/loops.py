@@ -18,6 +18,7 @@ from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext, LoopResult, MakerRound
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.trainer import Trainer
+from carls_dask.storage.runfolder import STEPS_PER_S
 
 __all__ = ["MakerDriver", "TrainerDriver", "run_loop", "run_maker", "run_trainer"]
 
@@ -114,7 +115,7 @@ class TrainerDriver:
         t, s = self._last_report
         values = {"step": float(self.step), **self.metrics}
         if now > t and self.step > s:  # no new rate when no step was taken since the last report
-            values["steps_per_s"] = (self.step - s) / (now - t)
+            values[STEPS_PER_S] = (self.step - s) / (now - t)
         self.ctx.report(values)
         self._last_report = (now, self.step)
 
@@ -158,7 +159,7 @@ class TrainerDriver:
         self.report()
         result.metrics = dict(self.metrics)
         if result.elapsed > 0 and result.steps:
-            result.metrics["steps_per_s"] = result.steps / result.elapsed
+            result.metrics[STEPS_PER_S] = result.steps / result.elapsed
         result.value = trainer.finish()
         if trainer.keep_state or ctx.checkpoint is not None:
             state = trainer.state()

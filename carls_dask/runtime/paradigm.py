@@ -20,7 +20,6 @@ builds one.
 
 from __future__ import annotations
 
-import dataclasses
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -28,7 +27,7 @@ from typing import Any, ClassVar
 from carls_dask.errors import ConfigError
 from carls_dask.runtime.context import LoopResult
 from carls_dask.runtime.maker import KnowledgeMaker
-from carls_dask.runtime.settings import describe_settings, settings_from_options
+from carls_dask.runtime.settings import describe_settings, get_setting, settings_from_options, settings_values
 from carls_dask.runtime.trainer import Trainer
 
 __all__ = ["Paradigm"]
@@ -56,6 +55,10 @@ class Paradigm:
     unprefixed
         Series the metric store also gets without the loop's name, by loop kind (the names
         dashboards read): ``{"trainer": ("pacing", ...), "maker": ("pl_precision", ...)}``.
+    cumulative
+        Figures that count over the whole run (rounds, steps, lookups), as ``fnmatch`` patterns: a
+        run extended with ``carls-dask run --resume RUN --steps N`` adds them up over its segments,
+        where every other figure is the newest segment's.
     """
 
     name: ClassVar[str] = ""
@@ -65,6 +68,7 @@ class Paradigm:
     default_variant: ClassVar[str | None] = None
     headline: ClassVar[tuple[str, ...]] = ()
     unprefixed: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    cumulative: ClassVar[tuple[str, ...]] = ()
 
     # -- settings ----------------------------------------------------------------------------
     def variant_name(self, variant: str | None) -> str:
@@ -79,18 +83,20 @@ class Paradigm:
                  **overrides: Any) -> Any:
         """The settings of ``variant`` with ``overrides`` (typed values) and ``options`` (``key=value`` strings).
 
+        Settings are named as on the command line: ``group.field`` inside a group (as an override,
+        ``**{"pseudo.weight": 2}`` or the group whole, ``pseudo={"weight": 2}``), and the old names the
+        settings class keeps in ``renamed`` still work.
+
         Raises
         ------
         ConfigError
             For an unknown variant or setting, or a value the settings reject.
         """
         name = self.variant_name(variant)
-        fields = {f.name for f in dataclasses.fields(self.settings_type) if f.init}
-        unknown = sorted(set(overrides) - fields)
-        if unknown:
-            raise ConfigError(f"paradigm {self.name!r}: unknown settings {unknown}; expected some of {sorted(fields)}")
-        base = {**self.variants[name], **overrides}
-        return settings_from_options(self.settings_type, options or {}, base=base, owner=f"paradigm {self.name!r}")
+        owner = f"paradigm {self.name!r}"
+        base = {**settings_values(self.settings_type, self.variants[name], owner=owner),
+                **settings_values(self.settings_type, overrides, owner=owner)}
+        return settings_from_options(self.settings_type, options or {}, base=base, owner=owner)
 
     def variant_of(self, settings: Any) -> str:
         """The variant ``settings`` are closest to: most of its overrides matched, fewest contradicted.
@@ -102,14 +108,16 @@ class Paradigm:
 
         def score(name: str) -> tuple[int, int]:
             over = self.variants[name]
-            same = sum(getattr(settings, k, None) == v for k, v in over.items())
+            same = sum(_value(settings, k) == v for k, v in over.items())
             return same - (len(over) - same), int(name == default)
 
         return max(self.variants, key=score)
 
-    def describe(self, variant: str | None = None) -> list[Any]:
-        """Every setting with its type, default (in ``variant``) and meaning."""
-        return describe_settings(self.settings_type, self.settings(variant))
+    def describe(self, variant: str | None = None, options: Mapping[str, str] | None = None) -> list[Any]:
+        """Every setting with its type, default and meaning: the default is the value a run of ``variant``
+        with ``options`` (``key=value`` strings, such as ``{"dataset": "citeseer"}``) really uses, presets
+        of the data set included."""
+        return describe_settings(self.settings_type, self.settings(variant, options))
 
     # -- what a run is made of --------------------------------------------------------------
     def prepare(self, settings: Any) -> Any:
@@ -140,5 +148,32 @@ class Paradigm:
                 return dict(result.value)
         return {}
 
+    def missing_reasons(self, settings: Any, results: Mapping[str, LoopResult],
+                        missing: Sequence[str]) -> dict[str, str]:
+        """Why each figure named in ``missing`` has no value, in the words of the settings a user can change.
+
+        ``result.json`` holds these beside the figures (``null``) and ``carls-dask run`` prints them for
+        the headline figures. The default names the makers that made no round in the run's steps
+        (their figures need at least one); a paradigm overrides it for figures with their own needs.
+        """
+        trainer = next((r for r in results.values() if r.kind == "trainer"), None)
+        idle = sorted(n for n, r in results.items() if r.kind == "maker" and not r.rounds)
+        steps = f"{trainer.steps} trainer steps" if trainer is not None else "this run"
+        if idle:
+            why = (f"not measured: {', '.join(repr(n) for n in idle)} made no round in {steps} (a maker works on "
+                   "each model version the trainer publishes; run more steps or publish more often)")
+        else:
+            why = f"not measured in {steps}"
+        return {name: why for name in missing}
+
     def __repr__(self) -> str:
         return f"<Paradigm {self.name!r} variants {list(self.variants)}>"
+
+
+def _value(settings: Any, name: str) -> Any:
+    """Setting ``name`` of ``settings`` (an old name read as its new one), ``None`` when it has none."""
+    try:
+        key = dict(getattr(type(settings), "renamed", {})).get(name, name)
+        return get_setting(settings, key)
+    except AttributeError:
+        return None

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import pathlib
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
 
-__all__ = ["ProgressBook", "ProgressSink"]
+from carls_dask.storage.runfolder import MAKER_STALENESS_S, MAKER_VERSION, STEPS_PER_S, TRAIN_LOSS
+
+__all__ = ["ProgressBook", "ProgressSink", "work_bar"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +32,23 @@ class _Bar(tqdm):
     monitor_interval = 0
 
 
+def work_bar(total: int, what: str, *, unit: str = "item", cache: str | os.PathLike[str] | None = None,
+             show: bool | None = None) -> Any:
+    """A terminal bar for long work done once per machine (encoding a data set, computing features for a cache).
+
+    It counts ``unit`` of ``total`` with tqdm's rate and estimate of the time left, and its label says
+    where the result is cached (so the user knows the wait happens once) or that it is not. Use it as
+    a context manager and call ``update(n)``. ``show`` defaults to ``carls.runtime.progress``; when
+    false the bar draws nothing.
+    """
+    from carls_dask import config
+
+    visible = bool(config.get("runtime.progress", show))
+    where = f"cached in {cache}" if cache is not None else "not cached"
+    return _Bar(total=int(total), unit=unit, desc=f"{what} (once; {where})", disable=not visible, leave=True,
+                mininterval=1.0, file=sys.stderr)
+
+
 class ProgressBook:
     """The newest reported values of every loop of a run.
 
@@ -36,10 +57,14 @@ class ProgressBook:
     unprefixed
         Series to write also without the loop's name, by loop kind (from the first loop of that
         kind that reports it), e.g. ``{"maker": ("pl_precision",)}``: the names a paradigm's dashboards read.
+    primary
+        The primary trainer's name: the progress bar counts its steps (``None``: the largest step
+        any trainer reported).
     """
 
-    def __init__(self, unprefixed: Mapping[str, Sequence[str]] | None = None) -> None:
+    def __init__(self, unprefixed: Mapping[str, Sequence[str]] | None = None, *, primary: str | None = None) -> None:
         self.unprefixed = {str(k): tuple(v) for k, v in (unprefixed or {}).items()}
+        self.primary = primary
         self._lock = threading.Lock()
         self.loops: dict[str, dict[str, float]] = {}
         self.kinds: dict[str, str] = {}
@@ -66,6 +91,13 @@ class ProgressBook:
             steps = [v.get("step", 0.0) for n, v in self.loops.items() if self.kinds.get(n) == "trainer"]
         return int(max(steps, default=0.0))
 
+    def primary_step(self) -> int:
+        """The primary trainer's newest step (:meth:`trainer_step` when no primary is named)."""
+        if self.primary is None:
+            return self.trainer_step()
+        with self._lock:
+            return int(self.loops.get(self.primary, {}).get("step", 0.0))
+
     def row(self) -> dict[str, float]:
         """All newest values, flattened to ``"<loop>.<name>"``.
 
@@ -80,9 +112,9 @@ class ProgressBook:
             makers = [n for n in self.loops if self.kinds.get(n) == "maker"]
             aliases = []
             if trainers:
-                aliases += [(trainers[0], "steps_per_s", "steps_per_s"), (trainers[0], "loss", "train_loss")]
+                aliases += [(trainers[0], STEPS_PER_S, STEPS_PER_S), (trainers[0], "loss", TRAIN_LOSS)]
             if makers:
-                aliases += [(makers[0], "version", "maker_version"), (makers[0], "staleness_s", "maker_staleness_s")]
+                aliases += [(makers[0], "version", MAKER_VERSION), (makers[0], "staleness_s", MAKER_STALENESS_S)]
             for loop, key, alias in aliases:
                 if key in self.loops[loop]:
                     out[alias] = self.loops[loop][key]
@@ -100,7 +132,7 @@ class ProgressBook:
         with self._lock:
             for loop, v in sorted(self.loops.items()):
                 if self.kinds.get(loop) == "trainer":
-                    parts.append(f"{loop} {v.get('steps_per_s', math.nan):.0f} st/s")
+                    parts.append(f"{loop} {v.get(STEPS_PER_S, math.nan):.0f} st/s")
                     if "loss" in v:
                         parts.append(f"loss {v['loss']:.3g}")
                 else:
@@ -122,13 +154,21 @@ class ProgressSink:
     metrics_path
         ``RUN/metrics.zarr``, or ``None`` to write no metrics.
     run
-        Name of the run, stored with the metrics.
+        The run's identity, stored with the metrics (a store of another run is refused).
+    desc
+        What the bar is labelled with (default ``run``).
+    initial
+        The step the primary trainer starts from (a resumed run's checkpoint): the bar starts there,
+        and its rate and estimate count only the steps taken from there.
     """
 
     def __init__(self, book: ProgressBook, *, total: int | None = None, show: bool = True,
-                 metrics_path: str | pathlib.Path | None = None, run: str = "") -> None:
+                 metrics_path: str | pathlib.Path | None = None, run: str = "", desc: str | None = None,
+                 initial: int = 0) -> None:
         self.book = book
-        self._bar: Any = (_Bar(total=total, unit="step", desc=run or "run", leave=True, mininterval=1.0)
+        # without a total yet (a Workbench learns it when the primary trainer is submitted) the bar waits for it
+        self._bar: Any = (_Bar(total=total, initial=int(initial), unit="step", desc=desc or run or "run", leave=True,
+                               mininterval=1.0, delay=0 if total is not None else 3600)
                           if show else None)
         self._writer: Any = None
         if metrics_path is not None:
@@ -140,6 +180,13 @@ class ProgressSink:
         self.rows_written = 0
         self._total = total
         self._closing = False
+
+    def start_at(self, step: int) -> None:
+        """Start the bar at ``step`` (a resumed run's checkpoint), counting rate and estimate from there."""
+        if self._bar is not None and step > self._bar.n:
+            self._bar.initial = self._bar.n = self._bar.last_print_n = int(step)
+            if self._bar.total is not None:
+                self._bar.refresh()
 
     def set_total(self, total: int | None) -> None:
         """Change the expected total of trainer steps."""
@@ -172,7 +219,7 @@ class ProgressSink:
 
     def flush(self) -> None:
         """Draw the newest values and append a metric row if the trainers' step advanced."""
-        step = self.book.trainer_step()
+        step = self.book.primary_step()
         if self._bar is not None and step > self._bar.n:
             self._bar.set_postfix_str(self.book.summary(), refresh=False)
             self._bar.update(step - self._bar.n)  # redraws at most once per mininterval

@@ -6,6 +6,7 @@ import argparse
 import logging
 import pathlib
 import sys
+import textwrap
 import time
 from typing import Any
 
@@ -33,8 +34,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inline", action="store_true",
                    help="run in this process in lock step (deterministic) instead of on the Dask cluster")
     p.add_argument("--resume", type=pathlib.Path, default=None, metavar="RUN_DIR",
-                   help="continue the run in RUN_DIR from its newest checkpoint (with --steps: to that many steps)")
+                   help="continue the run in RUN_DIR from its newest checkpoint; a finished run is extended with "
+                        "--steps N, N above the step it finished at")
     p.set_defaults(run_parser=p)
+
+
+def _shown(value: Any) -> str:
+    """A default as ``-o`` would take it: ``none``, ``true``/``false``, tuples as ``a,b``."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _given(args: argparse.Namespace) -> dict[str, str]:
+    """The settings the command line gives: ``-o KEY=VALUE`` pairs, then ``--steps``, ``--seed`` and ``--dataset``."""
+    options = _options(args.option)
+    for key in ("steps", "seed", "dataset"):
+        if getattr(args, key, None) is not None:
+            options[key] = str(getattr(args, key))
+    return options
 
 
 def _options(pairs: list[str]) -> dict[str, str]:
@@ -47,18 +69,27 @@ def _options(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def settings_help(paradigm: Any, variant: str | None = None) -> str:
-    """The settings of ``paradigm`` as ``--help`` shows them: name, type, default (in ``variant``) and meaning."""
+def settings_help(paradigm: Any, variant: str | None = None, options: dict[str, str] | None = None) -> str:
+    """The settings of ``paradigm`` as ``--help`` shows them: name, type, default and meaning, one setting each.
+
+    The defaults are those a run of ``variant`` with ``options`` (``--dataset``, ``-o``...) really uses:
+    a data set's presets are applied. Meanings are the settings' docstrings in plain words.
+    """
     name = paradigm.variant_name(variant)
+    given = ", ".join(f"{k}={v}" for k, v in (options or {}).items())
     lines = [f"paradigm {paradigm.name}: {paradigm.description}".rstrip(": "),
              f"variants: {', '.join(paradigm.variants)} (default {paradigm.variant_name(None)})",
-             f"settings (-o KEY=VALUE), defaults of variant {name!r}:"]
-    for info in paradigm.describe(name):
-        default = info.default
-        shown = ",".join(str(v) for v in default) if isinstance(default, tuple) else default
-        lines.append(f"  {info.name} ({info.type}, default {shown})")
+             f"settings (-o KEY=VALUE), defaults of variant {name!r}" + (f" with {given}" if given else "") + ":"]
+    for info in paradigm.describe(name, options):
+        lines.append(f"  {info.name} ({info.type}, default {_shown(info.default)})")
         if info.meaning:
-            lines.append(f"      {info.meaning}")
+            lines.extend(textwrap.wrap(info.meaning, width=100, initial_indent=" " * 6, subsequent_indent=" " * 6,
+                                       break_on_hyphens=False))
+    renamed = dict(getattr(paradigm.settings_type, "renamed", {}))
+    if renamed:
+        older = ", ".join(f"{old} ({new})" for old, new in renamed.items())
+        lines.extend(textwrap.wrap(f"older names still read: {older}", width=100, subsequent_indent="  ",
+                                   break_on_hyphens=False))
     return "\n".join(lines) + "\n"
 
 
@@ -71,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if args.help:
         out.write(args.run_parser.format_help())
         if args.paradigm:
-            out.write("\n" + settings_help(get_paradigm(args.paradigm), args.variant))
+            out.write("\n" + settings_help(get_paradigm(args.paradigm), args.variant, _given(args)))
         return 0
     if args.list:
         names = available_paradigms()
@@ -90,15 +121,12 @@ def run(args: argparse.Namespace) -> int:
         result = resume_run(args.resume, steps=args.steps, inline=True if args.inline else None)
         p = get_paradigm(result.paradigm)
         out.write(f"{result.headline(p.headline)}; resumed from step {result.resumed_from}; run folder {args.resume}\n")
+        _write_notes(out, result, p.headline)
         return 0
     if not args.paradigm:
         raise ConfigError(f"run: expected a paradigm name; available: {', '.join(available_paradigms()) or 'none'}")
     paradigm = get_paradigm(args.paradigm)
-    options = _options(args.option)
-    for key in ("steps", "seed", "dataset"):
-        if getattr(args, key, None) is not None:
-            options[key] = str(getattr(args, key))
-    settings = paradigm.settings(args.variant, options)
+    settings = paradigm.settings(args.variant, _given(args))
     run_dir = args.run_dir or pathlib.Path("runs") / f"{args.paradigm}-{time.strftime('%Y%m%d-%H%M%S')}"
     logger.info("running %s (%s) into %s", args.paradigm, paradigm.variant_name(args.variant), run_dir)
     if args.inline:
@@ -106,4 +134,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         result = run_paradigm(paradigm, settings, variant=args.variant, run_dir=run_dir)
     out.write(f"{result.headline(paradigm.headline)}; run folder {run_dir}\n")
+    _write_notes(out, result, paradigm.headline)
     return 0
+
+
+def _write_notes(out: Any, result: Any, names: Any) -> None:
+    """Say why each headline figure without a value has none (a run too short for it, ...)."""
+    for line in result.notes(names):
+        out.write(f"  {line}\n")

@@ -1,43 +1,62 @@
 """Run a :class:`~carls_dask.runtime.paradigm.Paradigm`: on a Workbench, or in this process in lock step.
 
-Both drivers write the same run folder::
+Both drivers write the same run folder (its names: :mod:`carls_dask.storage.runfolder`)::
 
-    RUN/request.json        what was asked: paradigm, variant, settings, driver (read by --resume)
+    RUN/request.json        what was asked: paradigm, variant, settings, driver, the run's id, its primary
+                            trainer (read by --resume)
     RUN/bank/               bank snapshots every carls.run.snapshot-every steps and at the end, and the delta log
     RUN/checkpoints/NAME/   each trainer's saved state at the same steps
     RUN/metrics.zarr        every loop's figures every carls.run.metrics-every steps and at every evaluation
     RUN/run.json            what ran (loops, their states, the resolved configuration)
-    RUN/result.json         settings, variant, seed, figures, versions and wall time (schema below)
+    RUN/result.json         settings, variant, seed, figures, versions and wall time of every segment (schema below)
 
 Every run is durable: the bank logs each acknowledged write under ``RUN/bank`` before the call
 returns, so a shard whose worker dies is re-homed from the store; a trainer whose worker dies is
 run again from its newest saved state; :func:`resume_run` continues a run folder whose process
-died from its newest checkpoint.
+died from its newest checkpoint, and extends a finished run to more steps. A run never loses a
+result: a resume that would (a finished run without more steps, ``steps`` at or below the
+checkpoint, a folder that mixes two runs) is refused before anything is written, and an extended
+run's ``result.json`` keeps every segment. The run's identity is the ``run_id`` in
+``request.json``, not the folder's name, so a moved or copied run folder resumes.
 
-``result.json`` (strict JSON: a figure that is not a finite number is ``null``)::
+``result.json`` (strict JSON: a figure that is not a finite number is ``null``, and ``reasons`` says why)::
 
-    {"schema": "carls-dask/result/1", "paradigm": str, "variant": str, "seed": int,
-     "driver": "workbench" | "inline", "settings": {...}, "figures": {name: number | null, ...},
-     "loops": {name: {"kind", "steps", "seconds", "reason", "restarts", "metrics"}},
+    {"schema": "carls-dask/result/2", "paradigm": str, "variant": str, "seed": int, "run_id": str,
+     "driver": "workbench" | "inline", "settings": {...},
+     "figures": {name: number | null, ...}, "reasons": {name of a null figure: why, ...},
+     "loops": {name: {"kind", "steps", "step", "seconds", "reason", "restarts", "metrics"}},
+     "segments": [{"driver", "from_step", "to_step", "started", "ended", "wall_seconds", "figures",
+                   "loops": {name: {"kind", "steps", "seconds", "reason", "restarts"}}}, ...],
      "snapshots": [{"version", "step"}, ...], "resumed_from": int | null,
      "versions": {"carls-dask", "torch", "dask", "distributed", "numpy", "xarray", "zarr", "python"},
      "started": unix seconds, "ended": unix seconds, "wall_seconds": float}
+
+A run that was extended (``carls-dask run --resume RUN --steps N``) has one segment per part: the
+top-level ``loops[*].steps`` (trainer steps, maker rounds), ``seconds``, ``restarts`` and
+``wall_seconds`` add up over the segments; ``started`` is the first segment's start; ``figures``
+are the newest segment's, with a figure it did not measure kept from an earlier segment and the
+paradigm's :attr:`~carls_dask.runtime.paradigm.Paradigm.cumulative` figures (rounds, lookups)
+added up.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import fnmatch
 import json
 import logging
+import math
 import os
 import pathlib
 import platform
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from carls_dask import config
-from carls_dask.errors import ConfigError
+from carls_dask.errors import ConfigError, CorruptStoreError, StoreError
 from carls_dask.runtime.channel import LocalModelChannel
 from carls_dask.runtime.checkpoints import Checkpointer
 from carls_dask.runtime.context import LoopContext, LoopResult, ThreadStop, pick_device
@@ -45,16 +64,47 @@ from carls_dask.runtime.loops import MakerDriver, TrainerDriver
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.paradigm import Paradigm
 from carls_dask.runtime.progress import ProgressBook, ProgressSink
-from carls_dask.runtime.settings import settings_to_json, strict_json
+from carls_dask.runtime.settings import settings_from_json, settings_to_json, strict_json
 from carls_dask.runtime.trainer import Trainer
+from carls_dask.storage.runfolder import METRICS, REQUEST, RESULT, RunFolder
 
-__all__ = ["RESULT_SCHEMA", "RunResult", "resume_run", "run_inline", "run_paradigm"]
+__all__ = ["RESULT_SCHEMA", "RunInterrupted", "RunResult", "resume_run", "run_inline", "run_paradigm"]
 
 logger = logging.getLogger(__name__)
 
-RESULT_SCHEMA = "carls-dask/result/1"
-REQUEST_FILE = "request.json"
-RESULT_FILE = "result.json"
+RESULT_SCHEMA = "carls-dask/result/2"
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C (SIGINT): the step it reached and the checkpoint ``--resume`` continues from.
+
+    A :class:`KeyboardInterrupt`, so code that stops on Ctrl-C still does; ``str()`` is the one line
+    ``carls-dask`` prints.
+
+    Attributes
+    ----------
+    run_dir
+        The run folder, or ``None`` for a run without one.
+    step
+        The primary trainer's step when the run stopped.
+    checkpoint
+        The step of the newest checkpoint kept in the folder, or ``None`` when there is none.
+    """
+
+    def __init__(self, run_dir: pathlib.Path | None, step: int, checkpoint: int | None) -> None:
+        super().__init__(run_dir, step, checkpoint)
+        self.run_dir = run_dir
+        self.step = int(step)
+        self.checkpoint = checkpoint
+
+    def __str__(self) -> str:
+        if self.run_dir is None:
+            return f"interrupted at step {self.step}; the run had no run folder, so nothing was kept"
+        if self.checkpoint is None:
+            return (f"interrupted at step {self.step}, before the first checkpoint (carls.run.snapshot-every); "
+                    f"{self.run_dir} cannot be resumed: start the run again")
+        return (f"interrupted at step {self.step}; checkpoint at step {self.checkpoint} kept in {self.run_dir}; "
+                f"continue with: carls-dask run --resume {self.run_dir}")
 
 
 @dataclasses.dataclass
@@ -70,9 +120,10 @@ class RunResult:
     settings
         The settings, as JSON.
     figures
-        The paradigm's figures (:meth:`Paradigm.summarize`).
+        The paradigm's figures (:meth:`Paradigm.summarize`), over every segment of the run.
     loops
-        Per loop: kind, steps (or rounds), seconds, why it ended, restarts and its last metrics.
+        Per loop: kind, steps (or rounds) over every segment, the step it ended at, seconds, why it
+        ended, restarts and its last metrics.
     snapshots
         The bank snapshots the run folder keeps (version and step).
     resumed_from
@@ -80,11 +131,17 @@ class RunResult:
     versions
         Versions of carls-dask and its main dependencies.
     started, ended, wall_seconds
-        Unix times and the run's wall time.
+        Unix times of the first segment's start and the last one's end, and the wall time of all segments.
+    run_id
+        The run's identity (``request.json``), the same in a moved or copied folder.
+    reasons
+        Why each figure that is ``None`` has no value (a run too short to measure it, ...).
+    segments
+        One entry per segment of the run (a run extended with ``resume_run(..., steps=N)`` has several).
     run_dir
         The run folder, or ``None``.
     results
-        Every loop's :class:`~carls_dask.runtime.context.LoopResult` (not written to JSON).
+        Every loop's :class:`~carls_dask.runtime.context.LoopResult` of the newest segment (not written to JSON).
     """
 
     paradigm: str
@@ -100,6 +157,9 @@ class RunResult:
     started: float
     ended: float
     wall_seconds: float
+    run_id: str = ""
+    reasons: dict[str, str] = dataclasses.field(default_factory=dict)
+    segments: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     run_dir: str | None = None
     results: dict[str, LoopResult] = dataclasses.field(default_factory=dict, repr=False)
 
@@ -117,14 +177,28 @@ class RunResult:
         return result
 
     def headline(self, names: Sequence[str] = ()) -> str:
-        """One line: the paradigm, variant and seed, then the named figures (all numeric ones when none are named)."""
+        """One line: the paradigm, variant and seed, then the named figures (all numeric ones when none are named).
+
+        A named figure without a value reads ``none``; :meth:`notes` says why.
+        """
         keys = [n for n in names if n in self.figures] or [k for k, v in self.figures.items()
                                                            if isinstance(v, int | float) and not isinstance(v, bool)]
         parts = []
         for k in keys:
             v = self.figures[k]
-            parts.append(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}")
+            if v is None or (isinstance(v, float) and not math.isfinite(v)):
+                parts.append(f"{k} none")
+            else:
+                parts.append(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}")
         return f"{self.paradigm} {self.variant} (seed {self.seed}): " + (", ".join(parts) or "no figures")
+
+    def notes(self, names: Sequence[str] = ()) -> list[str]:
+        """Why each of the named figures (every figure when none are named) has no value, one line per reason."""
+        keys = [n for n in (names or self.figures) if n in self.reasons]
+        by_reason: dict[str, list[str]] = {}
+        for k in keys:
+            by_reason.setdefault(self.reasons[k], []).append(k)
+        return [f"{', '.join(ks)}: {why}" for why, ks in by_reason.items()]
 
 
 def versions() -> dict[str, str]:
@@ -162,27 +236,52 @@ def _split(loops: Sequence[Trainer | KnowledgeMaker], owner: str) -> tuple[list[
     return trainers, makers
 
 
+@dataclasses.dataclass(frozen=True)
+class _Resume:
+    """What :func:`resume_run` checked before anything was written: the run's identity, its checkpoint, its past."""
+
+    run_id: str
+    checkpoint: int
+    previous: dict[str, Any] | None
+
+
 @dataclasses.dataclass
 class _Plan:
-    """What both drivers prepare: the paradigm, settings, the run folder and its checkpointer."""
+    """What both drivers prepare: the paradigm, settings, loops, the run folder and its checkpointer."""
 
     paradigm: Paradigm
     variant: str
     settings: Any
     run_dir: pathlib.Path | None
     checkpointer: Checkpointer | None
-    resume: bool
+    resume: _Resume | None
     started: float
+    run_id: str
+    trainers: list[Trainer]
+    makers: list[KnowledgeMaker]
     tables: Sequence[Any] = ()
 
     @property
     def bank_root(self) -> str | None:
-        return None if self.run_dir is None else str(self.run_dir / "bank")
+        return None if self.run_dir is None else str(RunFolder(self.run_dir).bank)
+
+    @property
+    def metrics(self) -> pathlib.Path | None:
+        return None if self.run_dir is None else RunFolder(self.run_dir).metrics
+
+    @property
+    def first_step(self) -> int:
+        """The step the primary trainer starts from (the checkpoint's, when resuming)."""
+        return self.resume.checkpoint if self.resume is not None else 0
 
 
 def _plan(paradigm: Paradigm | str, settings: Any, variant: str | None, run_dir: str | os.PathLike[str] | None,
-          driver: str, *, resume: bool = False) -> _Plan:
+          driver: str, *, resume: _Resume | None = None) -> _Plan:
     p = _paradigm(paradigm)
+    folder = pathlib.Path(run_dir) if run_dir is not None else None
+    if resume is None and folder is not None and folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise ConfigError(f"run folder {folder}: already holds files; expected a new or empty folder "
+                          "(continue a run with carls-dask run --resume RUN_DIR)")
     if settings is None:
         name = p.variant_name(variant)
         settings = p.settings(name)
@@ -193,49 +292,133 @@ def _plan(paradigm: Paradigm | str, settings: Any, variant: str | None, run_dir:
         name = p.variant_name(variant) if variant is not None else p.variant_of(settings)
     settings = p.prepare(settings)
     tables = list(p.tables(settings))  # asked once: a paradigm may read its data to answer
-    folder = pathlib.Path(run_dir) if run_dir is not None else None
+    trainers, makers = _split(p.loops(settings), p.name)
+    run_id = resume.run_id if resume is not None else uuid.uuid4().hex
     checkpointer = None
     if folder is not None:
-        if not resume and folder.exists() and any(folder.iterdir()):
-            raise ConfigError(f"run folder {folder}: already holds files; expected a new or empty folder "
-                              "(continue a run with carls-dask run --resume RUN_DIR)")
+        run = RunFolder(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        request = {"paradigm": p.name, "variant": name, "driver": driver, "settings": settings_to_json(settings)}
-        (folder / REQUEST_FILE).write_text(json.dumps(request, indent=2))
-        if not resume:
+        request = {"paradigm": p.name, "variant": name, "driver": driver, "settings": settings_to_json(settings),
+                   "run_id": run_id, "primary": trainers[0].name}
+        _write_json(run.request, request)
+        if resume is None:
             p.write_artifacts(settings, folder)
         checkpointer = Checkpointer(str(folder), int(config.get("run.snapshot-every")),
-                                    int(config.get("run.keep-snapshots")),
-                                    str(folder / "bank") if tables else None)
-    return _Plan(p, name, settings, folder, checkpointer, resume, time.time(), tables)
+                                    int(config.get("storage.keep-snapshots")),
+                                    str(run.bank) if tables else None)
+    return _Plan(p, name, settings, folder, checkpointer, resume, time.time(), run_id, trainers, makers, tables)
+
+
+def _write_json(path: pathlib.Path, obj: Any) -> None:
+    """Write ``obj`` to ``path`` under a temporary name, then rename it: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, allow_nan=False))
+    os.replace(tmp, path)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _no_value(v: Any) -> bool:
+    """Whether a figure has no value: ``None`` or a float that is not finite (``null`` in ``result.json``)."""
+    return v is None or (isinstance(v, float) and not math.isfinite(v))
+
+
+def _merge_figures(before: Mapping[str, Any], now: Mapping[str, Any], cumulative: Sequence[str]) -> dict[str, Any]:
+    """The figures of a run extended by a segment: ``now``'s, ``before``'s where ``now`` has none, counts added."""
+    out = dict(before)
+    for key, value in now.items():
+        if any(fnmatch.fnmatchcase(key, pattern) for pattern in cumulative) and _is_number(value) \
+                and _is_number(before.get(key)):
+            out[key] = before[key] + value
+        elif _no_value(value):
+            if _no_value(out.get(key)):
+                out[key] = value
+        else:
+            out[key] = value
+    return out
+
+
+def _merge_loops(before: Mapping[str, Any], now: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each loop over every segment: steps, seconds and restarts added up, the newest reason, step and metrics."""
+    out = {name: dict(v) for name, v in before.items() if isinstance(v, dict)}
+    for name, loop in now.items():
+        old = out.get(name)
+        if old is None:
+            out[name] = dict(loop)
+            continue
+        merged = {**old, **loop}
+        for key in ("steps", "seconds", "restarts"):
+            if _is_number(old.get(key)) and _is_number(loop.get(key)):
+                merged[key] = old[key] + loop[key]
+        merged["metrics"] = {**(old.get("metrics") or {}), **{k: v for k, v in (loop.get("metrics") or {}).items()
+                                                              if v is not None}}
+        out[name] = merged
+    return out
+
+
+def _earlier_segments(previous: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The segments a previous ``result.json`` holds (one built from the top level for a result without them)."""
+    if not previous:
+        return []
+    if isinstance(previous.get("segments"), list):
+        return [dict(s) for s in previous["segments"] if isinstance(s, dict)]
+    found = previous.get("loops")
+    loops: dict[str, Any] = found if isinstance(found, dict) else {}
+    return [{"driver": previous.get("driver"), "from_step": previous.get("resumed_from"), "to_step": None,
+             "started": previous.get("started"), "ended": previous.get("ended"),
+             "wall_seconds": previous.get("wall_seconds"), "figures": previous.get("figures") or {},
+             "loops": {n: {k: v for k, v in lp.items() if k != "metrics"} for n, lp in loops.items()
+                       if isinstance(lp, dict)}}]
 
 
 def _finish(plan: _Plan, driver: str, results: Mapping[str, LoopResult], restarts: Mapping[str, int]) -> RunResult:
     p = plan.paradigm
-    figures = p.summarize(plan.settings, results)
+    figures = dict(p.summarize(plan.settings, results))
     snaps: list[dict[str, int]] = []
     if plan.bank_root is not None and plan.checkpointer is not None and plan.checkpointer.bank_root is not None:
         from carls_dask.storage import list_snapshots
 
         snaps = [{"version": int(s["version"]), "step": int(s["step"])} for s in list_snapshots(plan.bank_root)]
-    primary = next(r for r in results.values() if r.kind == "trainer")
+    primary = results[plan.trainers[0].name]
     ended = time.time()
+    loops = strict_json({n: {"kind": r.kind, "steps": r.steps, "step": r.step if r.kind == "trainer" else None,
+                             "seconds": r.elapsed, "reason": r.reason, "restarts": int(restarts.get(n, 0)),
+                             "metrics": dict(r.metrics)} for n, r in results.items()})
+    segment = {"driver": driver, "from_step": primary.resumed_at, "to_step": primary.step, "started": plan.started,
+               "ended": ended, "wall_seconds": ended - plan.started, "figures": strict_json(figures),
+               "loops": {n: {k: v for k, v in lp.items() if k != "metrics"} for n, lp in loops.items()}}
+    previous = plan.resume.previous if plan.resume is not None else None
+    segments = [*_earlier_segments(previous), segment]
+    started, wall = plan.started, ended - plan.started
+    if previous:
+        figures = _merge_figures(previous.get("figures") or {}, figures, p.cumulative)
+        loops = _merge_loops(previous.get("loops") or {}, loops)
+        started = float(previous.get("started") or plan.started)
+        wall += sum(float(s.get("wall_seconds") or 0.0) for s in segments[:-1])
+    missing = [k for k, v in figures.items() if _no_value(v)]
+    reasons = {k: v for k, v in p.missing_reasons(plan.settings, results, missing).items() if k in missing}
     result = RunResult(
         paradigm=p.name, variant=plan.variant, seed=int(getattr(plan.settings, "seed", 0)), driver=driver,
-        settings=settings_to_json(plan.settings), figures=dict(figures),
-        loops={n: {"kind": r.kind, "steps": r.steps, "seconds": r.elapsed, "reason": r.reason,
-                   "restarts": int(restarts.get(n, 0)), "metrics": dict(r.metrics)} for n, r in results.items()},
-        snapshots=snaps, resumed_from=primary.resumed_at, versions=versions(), started=plan.started, ended=ended,
-        wall_seconds=ended - plan.started, run_dir=str(plan.run_dir) if plan.run_dir is not None else None,
-        results=dict(results),
+        settings=settings_to_json(plan.settings), figures=figures, loops=loops, snapshots=snaps,
+        resumed_from=primary.resumed_at, versions=versions(), started=started, ended=ended, wall_seconds=wall,
+        run_id=plan.run_id, reasons=reasons, segments=segments,
+        run_dir=str(plan.run_dir) if plan.run_dir is not None else None, results=dict(results),
     )
     if plan.run_dir is not None:
-        text = json.dumps(result.to_json(), indent=2, allow_nan=False)
-        tmp = plan.run_dir / f".{RESULT_FILE}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, plan.run_dir / RESULT_FILE)
+        _write_json(RunFolder(plan.run_dir).result, result.to_json())
     logger.info("%s", result.headline(p.headline))
     return result
+
+
+def _interrupted(plan: _Plan, step: int) -> RunInterrupted:
+    """The :class:`RunInterrupted` of ``plan``'s run stopped at ``step``, naming the checkpoint it keeps."""
+    checkpoint = None
+    if plan.run_dir is not None:
+        steps = RunFolder(plan.run_dir).state_steps(plan.trainers[0].name)
+        checkpoint = steps[-1] if steps else None
+    return RunInterrupted(plan.run_dir, step, checkpoint)
 
 
 def _has_initialise(p: Paradigm) -> bool:
@@ -244,7 +427,8 @@ def _has_initialise(p: Paradigm) -> bool:
 
 def run_paradigm(paradigm: Paradigm | str, settings: Any = None, *, variant: str | None = None,
                  run_dir: str | os.PathLike[str] | None = None, cluster: Any = None, progress: bool | None = None,
-                 timeout: float | str | None = None, n_shards: int | None = None, _resume: bool = False) -> RunResult:
+                 timeout: float | str | None = None, n_shards: int | None = None,
+                 _resume: _Resume | None = None) -> RunResult:
     """Run ``paradigm`` on a :class:`~carls_dask.runtime.workbench.Workbench` and return its :class:`RunResult`.
 
     Parameters
@@ -276,35 +460,43 @@ def run_paradigm(paradigm: Paradigm | str, settings: Any = None, *, variant: str
         When the trainers did not finish within ``timeout``.
     LoopFailedError
         When a loop failed; its exception is the ``__cause__``.
+    RunInterrupted
+        On Ctrl-C, after the loops were stopped (a :class:`KeyboardInterrupt` naming the checkpoint kept).
     """
     from carls_dask.runtime.workbench import Workbench
 
     plan = _plan(paradigm, settings, variant, run_dir, "workbench", resume=_resume)
     p, s = plan.paradigm, plan.settings
     seconds = config.get_seconds("run.timeout", timeout)
-    trainers, makers = _split(p.loops(s), p.name)
+    trainers, makers = plan.trainers, plan.makers
     tables = plan.tables
     wb = Workbench(cluster, run_dir=plan.run_dir, progress=progress, checkpointer=plan.checkpointer,
-                   name=plan.run_dir.name if plan.run_dir is not None else p.name)
-    wb.book = ProgressBook(p.unprefixed)
-    with wb:
-        if tables:
-            root = plan.bank_root
-            if plan.resume and root is not None and _has_snapshot(root):
-                wb.restore_bank(root, n_shards=n_shards)
-            else:
-                wb.create_bank(tables, n_shards=n_shards, log_root=plan.bank_root)
-                if _has_initialise(p):
-                    wb.client.submit(p.initialise, wb.bank, s, pure=False).result(timeout=seconds)
-        for i, t in enumerate(trainers):
-            wb.submit_trainer(t, primary=i == 0)
-        for m in makers:
-            wb.submit_maker(m)
-        wb.wait(timeout=seconds)
-        results = wb.stop()
-        if wb.bank is not None and plan.checkpointer is not None and plan.checkpointer.bank_root is not None:
-            plan.checkpointer.snapshot_bank(wb.bank, results[trainers[0].name].step)
-        restarts = {n: h.restarts for n, h in wb.loops.items()}
+                   name=plan.run_dir.name if plan.run_dir is not None else p.name, run_id=plan.run_id)
+    wb.book = ProgressBook(p.unprefixed, primary=trainers[0].name)
+    try:
+        with wb:
+            wb.progress_from(plan.first_step)
+            if tables:
+                root = plan.bank_root
+                if plan.resume is not None and root is not None and _has_snapshot(root):
+                    wb.restore_bank(root, n_shards=n_shards)
+                else:
+                    wb.create_bank(tables, n_shards=n_shards, log_root=plan.bank_root)
+                    if _has_initialise(p):
+                        wb.client.submit(p.initialise, wb.bank, s, pure=False).result(timeout=seconds)
+            for i, t in enumerate(trainers):
+                wb.submit_trainer(t, primary=i == 0)
+            for m in makers:
+                wb.submit_maker(m)
+            wb.wait(timeout=seconds)
+            results = wb.stop()
+            if wb.bank is not None and plan.checkpointer is not None and plan.checkpointer.bank_root is not None:
+                plan.checkpointer.snapshot_bank(wb.bank, results[trainers[0].name].step)
+            restarts = {n: h.restarts for n, h in wb.loops.items()}
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, RunInterrupted):
+            raise
+        raise _interrupted(plan, max(plan.first_step, wb.book.primary_step())) from None
     return _finish(plan, "workbench", results, restarts)
 
 
@@ -320,7 +512,7 @@ def _has_snapshot(root: str) -> bool:
 
 def run_inline(paradigm: Paradigm | str, settings: Any = None, *, variant: str | None = None,
                run_dir: str | os.PathLike[str] | None = None, progress: bool = False, n_shards: int = 1,
-               on_step: Callable[[int, Any], None] | None = None, _resume: bool = False) -> RunResult:
+               on_step: Callable[[int, Any], None] | None = None, _resume: _Resume | None = None) -> RunResult:
     """Run ``paradigm`` in this process, deterministically, and return its :class:`RunResult`.
 
     The same trainer and maker objects, drivers, bank client, run folder, checkpoints and metrics as
@@ -341,23 +533,28 @@ def run_inline(paradigm: Paradigm | str, settings: Any = None, *, variant: str |
     on_step
         Called after every step of the primary trainer (and the makers' rounds it caused) with the
         step and the bank (``None`` without one), e.g. to look at the bank as the run goes.
+
+    Raises
+    ------
+    RunInterrupted
+        On Ctrl-C (a :class:`KeyboardInterrupt` naming the step reached and the checkpoint kept).
     """
     from carls_dask.bank import KnowledgeBank
 
     plan = _plan(paradigm, settings, variant, run_dir, "inline", resume=_resume)
     p, s = plan.paradigm, plan.settings
-    trainers, makers = _split(p.loops(s), p.name)
+    trainers, makers = plan.trainers, plan.makers
     tables = plan.tables
     bank = None
     if tables:
-        if plan.resume and plan.bank_root is not None and _has_snapshot(plan.bank_root):
+        if plan.resume is not None and plan.bank_root is not None and _has_snapshot(plan.bank_root):
             bank = KnowledgeBank.restore_local(plan.bank_root, n_shards=n_shards, log_root=plan.bank_root)
         else:
             bank = KnowledgeBank.local(tables, n_shards=n_shards, log_root=plan.bank_root)
-    book = ProgressBook(p.unprefixed)
-    metrics = plan.run_dir / "metrics.zarr" if plan.run_dir is not None else None
-    sink = ProgressSink(book, total=trainers[0].max_steps, show=progress, metrics_path=metrics,
-                        run=plan.run_dir.name if plan.run_dir is not None else p.name)
+    book = ProgressBook(p.unprefixed, primary=trainers[0].name)
+    sink = ProgressSink(book, total=trainers[0].max_steps, show=progress, metrics_path=plan.metrics,
+                        run=plan.run_id, desc=plan.run_dir.name if plan.run_dir is not None else p.name,
+                        initial=plan.first_step)
     stop = ThreadStop()
     device = pick_device()
     channels = {t.name: LocalModelChannel(t.name) for t in trainers}
@@ -391,7 +588,7 @@ def run_inline(paradigm: Paradigm | str, settings: Any = None, *, variant: str |
                     md.make_round(*got)
 
     try:
-        if bank is not None and not plan.resume and _has_initialise(p):
+        if bank is not None and plan.resume is None and _has_initialise(p):
             p.initialise(bank, s)
         # makers first: a trainer's setup and saved state then fix torch's random state for its steps
         # alone, whether the run starts afresh or continues from a checkpoint
@@ -417,6 +614,12 @@ def run_inline(paradigm: Paradigm | str, settings: Any = None, *, variant: str |
             results[md.name] = md.end("stopped")
         if bank is not None and plan.checkpointer is not None and plan.checkpointer.bank_root is not None:
             plan.checkpointer.snapshot_bank(bank, tdrivers[0].step)
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, RunInterrupted):
+            raise
+        interrupted = True
+    else:
+        interrupted = False
     finally:
         for d in started:
             obj = d.trainer if isinstance(d, TrainerDriver) else d.maker
@@ -427,7 +630,101 @@ def run_inline(paradigm: Paradigm | str, settings: Any = None, *, variant: str |
         sink.close()
         if bank is not None:
             bank.close()
+    if interrupted:
+        raise _interrupted(plan, max(plan.first_step, tdrivers[0].step)) from None
     return _finish(plan, "inline", results, {})
+
+
+def _primary_of(run: RunFolder, request: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str | None:
+    """The name of the run's primary trainer: from ``request.json``, the result, or its only checkpoint folder."""
+    if isinstance(request.get("primary"), str):
+        return str(request["primary"])
+    loops = previous.get("loops") if previous else None
+    if isinstance(loops, dict):
+        trainers = [n for n, lp in loops.items() if isinstance(lp, dict) and lp.get("kind") == "trainer"]
+        if trainers:
+            return str(trainers[0])
+    folders = sorted(p.name for p in run.checkpoints.iterdir() if p.is_dir()) if run.checkpoints.is_dir() else []
+    return folders[0] if len(folders) == 1 else None
+
+
+def _writer_running(path: pathlib.Path) -> bool:
+    """Whether a process holds the writer lock file ``path`` now (checked without writing to it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing the descriptor releases a lock taken here
+    return False
+
+
+def _check_resume(folder: pathlib.Path, steps: int | None) -> tuple[dict[str, Any], Any, Paradigm, _Resume]:
+    """Every check of :func:`resume_run`, made before anything is written; returns request, settings, paradigm."""
+    run = RunFolder(folder)
+    where = f"resume {folder}"
+    if not folder.is_dir():
+        raise ConfigError(f"{where}: no such folder; expected a run folder written by carls-dask run")
+    try:
+        request = run.read_json(REQUEST)
+        previous = run.read_json(RESULT)
+    except StoreError as exc:
+        raise ConfigError(f"{where}: {exc}; the folder was left as it is") from exc
+    if request is None:
+        raise ConfigError(f"{where}: no {REQUEST} there; expected a run folder written by carls-dask run")
+    if not isinstance(request.get("paradigm"), str) or not isinstance(request.get("settings"), dict):
+        raise ConfigError(f"{where}: {REQUEST} lacks the paradigm or its settings; expected the file "
+                          "carls-dask run wrote")
+    p = _paradigm(request["paradigm"])
+    saved = dict(request["settings"])
+    primary = _primary_of(run, request, previous)
+    if primary is None:
+        raise ConfigError(f"{where}: cannot tell which trainer's checkpoint to continue from ({REQUEST} names no "
+                          "primary trainer and the folder has no single checkpoints/ folder)")
+    have = run.state_steps(primary)
+    checkpoint = have[-1] if have else None
+    if checkpoint is None:
+        raise ConfigError(f"{where}: no checkpoint of trainer {primary!r} to continue from (the run stopped before "
+                          f"its first one, every carls.run.snapshot-every steps); start it again into a new folder")
+    if previous is not None:
+        if steps is None:
+            raise ConfigError(f"{where}: the run finished at step {checkpoint}; nothing to resume. Extend it with "
+                              f"carls-dask run --resume {folder} --steps N, N above {checkpoint}")
+        if steps <= checkpoint:
+            raise ConfigError(f"{where}: --steps {steps} is not above step {checkpoint}, where the run finished; "
+                              f"expected N > {checkpoint} to extend it")
+    elif steps is not None and steps <= checkpoint:
+        raise ConfigError(f"{where}: --steps {steps} is at or below the checkpoint at step {checkpoint}; expected "
+                          f"N > {checkpoint}, or no --steps to continue to step {saved.get('steps')}")
+    if steps is not None:
+        saved["steps"] = int(steps)
+    try:
+        settings = settings_from_json(p.settings_type, saved, owner=where)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: the settings in {REQUEST} do not fit paradigm {p.name!r} ({exc})") from exc
+    from carls_dask.storage.metrics import INDEX, WRITER_LOCK
+
+    index = run.metrics / INDEX
+    run_id = request.get("run_id")
+    stored = None
+    if index.exists():
+        try:
+            stored = json.loads(index.read_text()).get("run")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise CorruptStoreError(f"{where}: the metric store's {index.name} cannot be read ({exc}); "
+                                    "the folder was left as it is") from exc
+        if _writer_running(run.metrics / WRITER_LOCK):
+            raise ConfigError(f"{where}: another process is writing this run now ({METRICS} is locked); "
+                              "wait for it to end or stop it first")
+    if isinstance(run_id, str) and stored not in (None, run_id):
+        raise ConfigError(f"{where}: {REQUEST} names run {run_id!r} but {METRICS} belongs to run {stored!r}; "
+                          "the folder mixes two runs, so it is left as it is")
+    identity = str(run_id) if isinstance(run_id, str) else str(stored or folder.name)
+    return request, settings, p, _Resume(identity, checkpoint, previous)
 
 
 def resume_run(run_dir: str | os.PathLike[str], *, steps: int | None = None, inline: bool | None = None,
@@ -435,32 +732,27 @@ def resume_run(run_dir: str | os.PathLike[str], *, steps: int | None = None, inl
     """Continue the run in ``run_dir`` from its newest checkpoint (bank snapshot plus delta log, trainer states).
 
     The paradigm, variant and settings come from ``RUN/request.json``; ``steps`` raises the primary
-    trainer's step budget. ``inline`` picks the driver (default: the one the run used).
+    trainer's step budget. A run that died continues to its requested steps (or ``steps``); a
+    finished run is extended only with ``steps`` above the step it finished at, and its
+    ``result.json`` then keeps both segments (see the module's description). ``inline`` picks the
+    driver (default: the one the run used). A moved or copied run folder resumes: the run's identity
+    is the ``run_id`` in ``request.json``.
 
     Raises
     ------
     ConfigError
-        When ``run_dir`` holds no ``request.json``.
+        Before anything is written: when ``run_dir`` holds no ``request.json`` or no checkpoint, the run
+        finished and ``steps`` is not above its last step, ``steps`` is at or below the checkpoint, the
+        folder mixes two runs, or another process is writing it.
     """
     folder = pathlib.Path(run_dir)
-    path = folder / REQUEST_FILE
-    if not path.is_file():
-        raise ConfigError(f"resume {folder}: no {REQUEST_FILE} there; expected a run folder written by carls-dask run")
-    request = json.loads(path.read_text())
-    p = _paradigm(request["paradigm"])
-    saved = dict(request["settings"])
-    if steps is not None:
-        saved["steps"] = int(steps)
-    import typing
-
-    hints = typing.get_type_hints(p.settings_type)
-    kwargs = {k: (tuple(v) if isinstance(v, list) and typing.get_origin(hints.get(k)) is tuple else v)
-              for k, v in saved.items()}
-    settings = p.settings_type(**kwargs)
+    if steps is not None and int(steps) < 1:
+        raise ConfigError(f"resume {folder}: steps={steps!r}; expected a positive number of steps")
+    request, settings, p, resume = _check_resume(folder, None if steps is None else int(steps))
     use_inline = request.get("driver") == "inline" if inline is None else bool(inline)
-    logger.info("resuming %s %s in %s", p.name, request["variant"], folder)
+    logger.info("resuming %s %s in %s from step %d", p.name, request.get("variant"), folder, resume.checkpoint)
     if use_inline:
-        return run_inline(p, settings, variant=request["variant"], run_dir=folder, progress=bool(progress),
-                          _resume=True)
-    return run_paradigm(p, settings, variant=request["variant"], run_dir=folder, cluster=cluster, progress=progress,
-                        timeout=timeout, _resume=True)
+        return run_inline(p, settings, variant=request.get("variant"), run_dir=folder, progress=bool(progress),
+                          _resume=resume)
+    return run_paradigm(p, settings, variant=request.get("variant"), run_dir=folder, cluster=cluster,
+                        progress=progress, timeout=timeout, _resume=resume)

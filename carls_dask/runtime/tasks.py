@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from carls_dask.runtime.channel import ModelChannel
-from carls_dask.runtime.context import LoopContext, LoopResult, StopControl
+from carls_dask.runtime.context import LoopContext, LoopResult, LoopSettings, StopControl
 from carls_dask.runtime.loops import run_loop
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.placement import device_for
@@ -53,21 +53,26 @@ class DaskStop(StopControl):
 
 
 @dataclasses.dataclass
-class LoopSpec:
-    """What the Workbench sends with a loop: names of the cluster objects and settings."""
+class LoopSpec(LoopSettings):
+    """What the Workbench sends with a loop: the loop, the names of its cluster objects, and the
+    :class:`~carls_dask.runtime.context.LoopSettings` its context is built with (keywords only).
+
+    Attributes
+    ----------
+    obj
+        The trainer or maker to run.
+    channel
+        Its model channel.
+    stop_event
+        Name of the :class:`distributed.Event` that stops it.
+    topic
+        The event topic its progress reports go to.
+    """
 
     obj: Trainer | KnowledgeMaker
     channel: ModelChannel
     stop_event: str
     topic: str
-    bank: Any = None
-    config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    publish_every: int = 50
-    poll_interval: float = 0.5
-    report_interval: float = 0.5
-    metrics_every: int = 10
-    checkpoint: Any = None
-    primary: bool = False
 
 
 def _reporter(topic: str, name: str, kind: str) -> Any:
@@ -124,15 +129,8 @@ def run_loop_task(spec: LoopSpec) -> LoopResult:
         device=_take_device(),
         channel=spec.channel,
         stop=DaskStop(spec.stop_event, check_interval=min(spec.poll_interval, 0.25)),
-        bank=spec.bank,
         report=_reporter(spec.topic, obj.name, obj.kind),
-        config=spec.config,
-        publish_every=spec.publish_every,
-        poll_interval=spec.poll_interval,
-        report_interval=spec.report_interval,
-        metrics_every=spec.metrics_every,
-        checkpoint=spec.checkpoint,
-        primary=spec.primary,
+        **spec.loop_settings(),
     )
     logger.info("%s %s starting on %s", obj.kind, obj.name, ctx.device)
     return run_loop(obj, ctx)

@@ -52,6 +52,7 @@ from carls_dask.runtime.placement import BANK, loop_resources, resources_for, wo
 from carls_dask.runtime.progress import ProgressBook, ProgressSink
 from carls_dask.runtime.tasks import LoopSpec, run_loop_task
 from carls_dask.runtime.trainer import Trainer
+from carls_dask.storage.runfolder import RunFolder
 
 __all__ = ["LoopHandle", "LoopStatus", "Workbench"]
 
@@ -137,15 +138,20 @@ class Workbench:
         newest saved state, and a trainer whose worker died is run again on a live worker from it
         (up to ``carls.runtime.trainer-restarts`` times). ``None``: no checkpoints, and a trainer
         whose worker died fails the run.
+    run_id
+        The run's identity stored with its metrics (default: ``name``); a metric store of another run
+        is refused. :func:`~carls_dask.runtime.runner.run_paradigm` passes the ``run_id`` of
+        ``request.json``, so a moved or copied run folder keeps writing to its own store.
     """
 
     def __init__(self, cluster: Any = None, *, run_dir: str | pathlib.Path | None = None, name: str | None = None,
                  progress: bool | None = None, stop_timeout: float | str | None = None,
                  cluster_options: dict[str, Any] | None = None, security: Any = None,
-                 checkpointer: Any = None) -> None:
+                 checkpointer: Any = None, run_id: str | None = None) -> None:
         self._cluster_arg = cluster
         self.run_dir = pathlib.Path(run_dir) if run_dir is not None else None
         self.name = name or (self.run_dir.name if self.run_dir is not None else "run")
+        self.run_id = run_id or self.name
         self.progress = bool(config.get("runtime.progress", progress))
         self.stop_timeout = config.get_seconds("runtime.stop-timeout", stop_timeout)
         self.poll_interval = config.get_seconds("runtime.poll-interval")
@@ -202,8 +208,9 @@ class Workbench:
             metrics = None
             if self.run_dir is not None:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
-                metrics = self.run_dir / "metrics.zarr"
-            self._sink = ProgressSink(self.book, show=self.progress, metrics_path=metrics, run=self.name)
+                metrics = RunFolder(self.run_dir).metrics
+            self._sink = ProgressSink(self.book, show=self.progress, metrics_path=metrics, run=self.run_id,
+                                      desc=self.name)
             self._monitor = threading.Thread(target=self._watch, name=f"carls-workbench-{self.name}", daemon=True)
             self._monitor.start()
         except BaseException:
@@ -214,6 +221,11 @@ class Workbench:
         self._life.to(State.RUNNING)
         logger.info("Workbench %s running on %s", self.name, self.client.scheduler.address)
         return self
+
+    def progress_from(self, step: int) -> None:
+        """Start the progress bar at ``step``: the run continues a checkpoint saved there."""
+        if self._sink is not None:
+            self._sink.start_at(step)
 
     def _watch_worker_loss(self) -> None:
         """Register the Workbench's :class:`WorkerLossWatch` and subscribe to its topic."""
@@ -420,10 +432,10 @@ class Workbench:
                                                                            or self.checkpointer is not None))
         handle = LoopHandle(obj.name, obj.kind, future, obj)
         self._loops[obj.name] = handle
-        if self._sink is not None:
-            total = [getattr(h, "max_steps", None) for h in [obj] if isinstance(h, Trainer)]
-            if total and total[0] is not None:
-                self._sink.set_total(total[0])
+        if primary:
+            self.book.primary = obj.name  # the bar counts the primary trainer's steps, to its max_steps
+            if self._sink is not None and isinstance(obj, Trainer) and obj.max_steps is not None:
+                self._sink.set_total(obj.max_steps)
         logger.info("submitted %s %s (resources=%s)", obj.kind, obj.name, resources)
         return handle
 
@@ -708,7 +720,7 @@ class Workbench:
         }
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "run.json").write_text(json.dumps(record, indent=2, default=str))
+            RunFolder(self.run_dir).run_record.write_text(json.dumps(record, indent=2, default=str))
         except OSError:
             logger.warning("Workbench %s: could not write run.json", self.name, exc_info=True)
 

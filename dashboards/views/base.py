@@ -121,6 +121,12 @@ class RunView(pn.viewable.Viewer):
         self._alert.object = text
         self._alert.visible = bool(text)
 
+    def _set_absent(self, waiting: str, what: str = "this view") -> None:
+        """Say why the view has nothing: ``waiting`` while the run may still write it, or, for a finished run
+        that lacks a part, what it lacks (it will not come)."""
+        damage = self.reader.damage() if self.reader is not None else []
+        self._set_message(f"This run finished, but {'; '.join(damage)}: {what} cannot be shown." if damage else waiting)
+
     def applies(self) -> bool:
         """Whether the run has what this view shows (a dashboard shows the view's tab only then).
 

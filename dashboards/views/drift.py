@@ -96,7 +96,7 @@ class DriftView(RunView):
             return
         snaps = source.snapshots()
         if not snaps:
-            self._set_message("No bank snapshot yet: drift appears once the run commits snapshots of its bank.")
+            self._set_absent("No bank snapshot yet: drift appears once the run commits snapshots of its bank.", "drift")
             return
         versions = [int(s["version"]) for s in snaps][-self.max_snapshots :]
         steps = {int(s["version"]): int(s["step"]) for s in snaps}

@@ -15,6 +15,7 @@ from bokeh.models import DataRange1d
 from carls_dask.dashboards.figures import LiveLogCurves
 from carls_dask.dashboards.learning import MAKER_METRICS, SMOOTHING, X_AXES, Loops, curve, discover
 from carls_dask.dashboards.views.base import RunView, in_background
+from carls_dask.storage.runfolder import RunFolder
 
 __all__ = ["LearningControls", "LearningView", "read_result"]
 
@@ -34,7 +35,7 @@ def read_result(path: pathlib.Path, cache: dict[str, Any]) -> dict[str, Any] | N
 
     ``cache`` keeps the file's stamp and content between calls (one dict per caller).
     """
-    p = path / "result.json"
+    p = RunFolder(path).result
     try:
         st = p.stat()
         stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
@@ -142,7 +143,8 @@ class LearningView(RunView):
         self._has_metrics = ds is not None
         if ds is None:
             self.loops = Loops()
-            self._set_message("No metric store yet: the curves appear when the run writes its first metrics.")
+            self._set_absent("No metric store yet: the curves appear when the run writes its first metrics.",
+                             "the curves")
             return
         c = self._ctl
         loops = discover([str(v) for v in ds.data_vars], read_result(self.reader.path, self._result_cache))

@@ -103,7 +103,8 @@ class PseudoLabelView(RunView):
         labels = self._labels()
         ds = labels.latest()
         if ds is None:
-            self._set_message("No bank yet: pseudo-label quality appears once the run has a bank snapshot.")
+            self._set_absent("No bank yet: pseudo-label quality appears once the run has a bank snapshot.",
+                             "pseudo-label quality")
             return
         self._update_series()  # the run's own figures show whatever the bank holds
         if not has_pseudo_labels(ds):

@@ -45,8 +45,9 @@ from carls_dask.loading.shared import (
     shared_memory_available,
 )
 from carls_dask.paradigms.curriculum.augment import augment_images, epoch_of
+from carls_dask.paradigms.curriculum.data import CurriculumData, load_data
 from carls_dask.paradigms.curriculum.noise import NoisyLabels
-from carls_dask.paradigms.curriculum.settings import CurriculumData, CurriculumSettings, load_data
+from carls_dask.paradigms.curriculum.settings import CurriculumSettings
 from carls_dask.paradigms.data.fashion_mnist import FASHION_MNIST_CLASSES, ImageData
 from carls_dask.storage.fsutil import short_lock
 

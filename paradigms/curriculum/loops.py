@@ -26,31 +26,25 @@ from carls_dask.errors import ConfigError
 from carls_dask.paradigms.curriculum.augment import epoch_of
 from carls_dask.paradigms.curriculum.cleaning import clean_targets, detection_quality
 from carls_dask.paradigms.curriculum.feed import CurriculumFeed, LoadingOptions
+from carls_dask.paradigms.curriculum.models import make_model
 from carls_dask.paradigms.curriculum.sampler import CurriculumSampler
 from carls_dask.paradigms.curriculum.scoring import get_scorer
-from carls_dask.paradigms.curriculum.settings import TABLE, CurriculumSettings, make_model
+from carls_dask.paradigms.curriculum.settings import CurriculumSettings
+from carls_dask.paradigms.curriculum.tables import BANK_COLUMNS, TABLE
 from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.trainer import Trainer
+from carls_dask.storage.runfolder import (
+    FLAG_PRECISION,
+    FLAG_RECALL,
+    FLAGGED_FRACTION,
+    PL_COVERAGE,
+    PL_PRECISION,
+    SCORED_FRACTION,
+)
 
-__all__ = ["BANK_COLUMNS", "CurriculumTrainer", "DifficultyMaker", "difficulty_table", "evaluate"]
-
-BANK_COLUMNS = ("difficulty", "clean_difficulty", "pseudo_label", "confidence", "disagree_rounds")
-
-
-def difficulty_table(name: str = TABLE) -> Any:
-    """The bank table the curriculum writes: one row per training example."""
-    from carls_dask.bank.schema import Column, TableSpec
-
-    return TableSpec(name, columns=(
-        Column("difficulty", dtype="float32", shape=(), dims=()),
-        Column("clean_difficulty", dtype="float32", shape=(), dims=()),
-        Column("pseudo_label", dtype="int64", shape=(), dims=()),
-        Column("confidence", dtype="float32", shape=(), dims=()),
-        Column("disagree_rounds", dtype="int64", shape=(), dims=()),
-    ), optimizer=None)
-
+__all__ = ["CurriculumTrainer", "DifficultyMaker", "evaluate"]
 
 def _prepare(settings: CurriculumSettings, ctx: LoopContext, name: str) -> tuple[CurriculumFeed, Any]:
     """Set the worker's torch threads, open the loop's data feed and pick its device (trainer and maker alike)."""
@@ -132,7 +126,7 @@ class CurriculumTrainer(Trainer):
         got = self.ctx.bank.lookup(TABLE, self.keys, columns=list(BANK_COLUMNS))
         found = np.asarray(got.found, dtype=bool)
         if not found.any():
-            self.knowledge = {"scored_fraction": 0.0}
+            self.knowledge = {SCORED_FRACTION: 0.0}
             return
         v = got.values
         flagged = found & self.rule.flagged(v["disagree_rounds"])
@@ -153,10 +147,10 @@ class CurriculumTrainer(Trainer):
         q = detection_quality(flagged, self.noisy)
         steps_behind = step - np.asarray(got.model_step)[found]
         self.knowledge = {
-            "scored_fraction": float(found.mean()),
-            "flagged_fraction": q["flagged_fraction"],
-            "flag_precision": q["precision"],
-            "flag_recall": q["recall"],
+            SCORED_FRACTION: float(found.mean()),
+            FLAGGED_FRACTION: q["flagged_fraction"],
+            FLAG_PRECISION: q["precision"],
+            FLAG_RECALL: q["recall"],
             "label_accuracy": float((labels == self.clean).mean()),
             "noise_estimate": noise_estimate,
             "scores_steps_behind": float(steps_behind.mean()),
@@ -353,9 +347,9 @@ class DifficultyMaker(KnowledgeMaker):
         return {
             "train_accuracy_clean": float((pred == self.clean).mean()),
             "mean_difficulty": float(np.mean(cols["difficulty"])),
-            "flag_precision": q["precision"], "flag_recall": q["recall"],
-            "flagged_fraction": q["flagged_fraction"],
-            "pl_precision": relabel_ok, "pl_coverage": q["flagged_fraction"],
+            FLAG_PRECISION: q["precision"], FLAG_RECALL: q["recall"],
+            FLAGGED_FRACTION: q["flagged_fraction"],
+            PL_PRECISION: relabel_ok, PL_COVERAGE: q["flagged_fraction"],
         }
 
     def finish(self) -> dict[str, Any]:

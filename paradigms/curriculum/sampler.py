@@ -10,6 +10,7 @@ from torch.utils.data import Sampler
 
 from carls_dask.errors import ConfigError, InvalidShapeError
 from carls_dask.paradigms.curriculum.pacing import FractionPacing, Pacing
+from carls_dask.storage.runfolder import ADMITTED_FRACTION, PACING, SAMPLED_FRACTION
 
 __all__ = ["CurriculumSampler"]
 
@@ -162,9 +163,9 @@ class CurriculumSampler(Sampler[list[int]]):
         self.seen[batch] = True
         ranks = self.rank[batch]
         self.last = {
-            "pacing": self.pacing.planned(self.step),
-            "admitted_fraction": float(pool.size / self.n),
-            "sampled_fraction": float(self.seen.mean()),
+            PACING: self.pacing.planned(self.step),
+            ADMITTED_FRACTION: float(pool.size / self.n),
+            SAMPLED_FRACTION: float(self.seen.mean()),
             "batch_rank": float(np.nanmean(ranks)) if np.isfinite(ranks).any() else float("nan"),
         }
         return batch.astype(np.int64)

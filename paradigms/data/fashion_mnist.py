@@ -3,8 +3,9 @@
 Fashion-MNIST (70,000 grey 28x28 images of 10 clothing classes) ships in Debian's
 ``dataset-fashion-mnist`` package as the four IDX files ``train-images-idx3-ubyte.gz``,
 ``train-labels-idx1-ubyte.gz``, ``t10k-images-idx3-ubyte.gz`` and ``t10k-labels-idx1-ubyte.gz``
-under ``/usr/share/datasets/fashion-mnist/``. Nothing is downloaded: the folder is taken from the
-``data_dir`` argument, else the ``CARLS_FASHION_MNIST`` environment variable, else the Debian path.
+under ``/usr/share/datasets/fashion-mnist/``. Nothing is downloaded: the folder is the ``data_dir``
+argument, else the ``carls.data.fashion-mnist`` location (its environment variable ``CARLS_FASHION_MNIST``,
+else the Debian path; see :mod:`carls_dask.locations`).
 
 scikit-learn's bundled 8x8 digits (1,797 images) are the always-present fallback for quick runs and
 unit tests (:func:`load_digits_images`).
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from carls_dask.errors import ConfigError, CorruptStoreError, StoreNotFoundError
+from carls_dask.locations import locate, resolve
 
 __all__ = [
     "FASHION_MNIST_CLASSES",
@@ -36,9 +38,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Where Debian's ``dataset-fashion-mnist`` installs the IDX files.
+#: Where Debian's ``dataset-fashion-mnist`` installs the IDX files (the location's default).
 FASHION_MNIST_DIR = pathlib.Path("/usr/share/datasets/fashion-mnist")
-ENV_VAR = "CARLS_FASHION_MNIST"
 FASHION_MNIST_CLASSES = ("t-shirt/top", "trouser", "pullover", "dress", "coat",
                          "sandal", "shirt", "sneaker", "bag", "ankle boot")
 _FILES = {
@@ -120,15 +121,20 @@ def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
 
 
 def fashion_mnist_dir(data_dir: str | os.PathLike[str] | None = None) -> pathlib.Path | None:
-    """The folder holding the four Fashion-MNIST IDX files, or ``None`` when it is not there."""
-    candidates = [pathlib.Path(data_dir)] if data_dir is not None else []
-    if data_dir is None and os.environ.get(ENV_VAR):
-        candidates.append(pathlib.Path(os.environ[ENV_VAR]))
-    if data_dir is None:
-        candidates.append(FASHION_MNIST_DIR)
-    for c in candidates:
-        if all(_find(c, stem) is not None for stem in _FILES.values()):
-            return c
+    """The folder holding the four Fashion-MNIST IDX files, or ``None`` when they are not there.
+
+    Raises
+    ------
+    StoreNotFoundError
+        If the folder was set (``data_dir``, ``carls.data.fashion-mnist`` or ``$CARLS_FASHION_MNIST``) and
+        does not exist.
+    """
+    loc = locate("fashion-mnist", data_dir, given_as="the data_dir setting")
+    if loc.explicit:
+        resolve("fashion-mnist", data_dir, given_as="the data_dir setting")  # a folder that was set must exist
+    folder = loc.path
+    if folder is not None and all(_find(folder, stem) is not None for stem in _FILES.values()):
+        return folder
     return None
 
 
@@ -154,7 +160,7 @@ def load_fashion_mnist(data_dir: str | os.PathLike[str] | None = None, *, n_trai
     Parameters
     ----------
     data_dir
-        Folder of the IDX files; default ``$CARLS_FASHION_MNIST`` or ``/usr/share/datasets/fashion-mnist``.
+        Folder of the IDX files; default the ``carls.data.fashion-mnist`` location.
     n_train, n_test
         Images to keep from the 60,000 training and 10,000 test images (a seeded random subset, in
         file order); ``None`` keeps all.
@@ -170,9 +176,9 @@ def load_fashion_mnist(data_dir: str | os.PathLike[str] | None = None, *, n_trai
     """
     folder = fashion_mnist_dir(data_dir)
     if folder is None:
-        where = data_dir if data_dir is not None else f"${ENV_VAR} or {FASHION_MNIST_DIR}"
-        raise StoreNotFoundError(f"Fashion-MNIST: no folder with {sorted(_FILES.values())} (optionally .gz) at "
-                                 f"{where}; install the Debian package dataset-fashion-mnist")
+        loc = locate("fashion-mnist", data_dir, given_as="the data_dir setting")
+        raise StoreNotFoundError(f"Fashion-MNIST: {loc} holds no {sorted(_FILES.values())} (optionally .gz); "
+                                 f"install the Debian package dataset-fashion-mnist or set {loc.how_to_set()}")
     arrays = {}
     for key, stem in _FILES.items():
         found = _find(folder, stem)

@@ -2,8 +2,8 @@
 
 The files are numeric-only ``.npz`` conversions of the Planetoid data (``planetoid/cora.npz``,
 ``planetoid/citeseer.npz``) that lie in a data folder beside the project; nothing is downloaded.
-The folder is found, in this order, from the ``data_dir`` argument, the ``carls.data.dir`` setting,
-the ``CARLS_DATA_DIR`` environment variable, and last ``../shared/data`` next to the repository.
+The folder is the ``data_dir`` argument, else the ``carls.data.dir`` location (its environment variable
+``CARLS_DATA_DIR``, and ``../shared/data`` beside a checkout; see :mod:`carls_dask.locations`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import pathlib
 import numpy as np
 
 from carls_dask.errors import ConfigError, CorruptStoreError, StoreNotFoundError
+from carls_dask.locations import resolve
 
 __all__ = ["PLANETOID_NAMES", "PlanetoidGraph", "find_data_dir", "load_planetoid"]
 
 logger = logging.getLogger(__name__)
 
 PLANETOID_NAMES = ("cora", "citeseer")
-_REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 _REQUIRED = ("x_data", "x_indices", "x_indptr", "x_shape", "y", "edges", "train", "val", "test")
 
 
@@ -84,37 +84,21 @@ class PlanetoidGraph:
 
 
 def find_data_dir(data_dir: str | os.PathLike[str] | None = None) -> pathlib.Path:
-    """Return the data folder: ``data_dir``, else ``carls.data.dir``, else ``$CARLS_DATA_DIR``, else ``../shared/data``.
+    """The data folder holding ``planetoid/``: ``data_dir``, else ``carls.data.dir`` (see :mod:`carls_dask.locations`).
 
     Raises
     ------
     StoreNotFoundError
-        If none of the places holds a ``planetoid`` folder; the message lists every place tried.
+        If the folder that was set does not exist, none was set and there is no default (an installed
+        package), or the folder holds no ``planetoid`` subfolder; the message names the folder, where it
+        was set and the setting to change.
     """
-    candidates: list[tuple[str, pathlib.Path]] = []
-    if data_dir is not None:
-        candidates.append(("the data_dir argument", pathlib.Path(data_dir)))
-    else:
-        try:
-            import dask.config
-
-            configured = dask.config.get("carls.data.dir", default=None)
-        except ImportError:  # pragma: no cover - dask is a dependency
-            configured = None
-        if configured:
-            candidates.append(("the carls.data.dir setting", pathlib.Path(configured)))
-        env = os.environ.get("CARLS_DATA_DIR")
-        if env:
-            candidates.append(("the CARLS_DATA_DIR environment variable", pathlib.Path(env)))
-        candidates.append(("the default beside the repository", _REPO_ROOT.parent / "shared" / "data"))
-    for _, path in candidates:
-        if (path / "planetoid").is_dir():
-            return path
-    tried = "; ".join(f"{what}: {path}" for what, path in candidates)
-    raise StoreNotFoundError(
-        f"no data folder with a 'planetoid' subfolder found (tried {tried}); put cora.npz and citeseer.npz "
-        "in <folder>/planetoid/ and point the carls.data.dir setting or CARLS_DATA_DIR at <folder>"
-    )
+    loc = resolve("dir", data_dir, given_as="the data_dir setting")
+    assert loc.path is not None
+    if not (loc.path / "planetoid").is_dir():
+        raise StoreNotFoundError(f"data folder {loc}: holds no 'planetoid' folder; expected planetoid/cora.npz and "
+                                 f"planetoid/citeseer.npz there (set {loc.how_to_set()} to the folder that holds them)")
+    return loc.path
 
 
 def load_planetoid(

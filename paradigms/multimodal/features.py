@@ -67,12 +67,16 @@ def image_features(images: np.ndarray, *, batch_size: int = 128,
         path = pathlib.Path(cache_dir) / f"{PRETRAINED_NAME}-{digest}.npz"
         if path.exists():
             return np.load(path)["features"]
+    from carls_dask.runtime.progress import work_bar
+
     model = load_image_encoder()
     out = np.empty((len(images), FEATURE_DIM), dtype=np.float32)
-    with torch.inference_mode():
+    with torch.inference_mode(), work_bar(len(images), f"{PRETRAINED_NAME} features of {len(images)} images",
+                                          unit="image", cache=path) as bar:
         for s in range(0, len(images), batch_size):
             x = torch.from_numpy(images[s:s + batch_size]).permute(0, 3, 1, 2).float() / 127.5 - 1.0
             out[s:s + len(x)] = model.extract_features(x).mean(dim=(2, 3)).numpy()  # type: ignore[attr-defined]
+            bar.update(len(x))
     logger.info("computed %s features of %d images", PRETRAINED_NAME, len(images))
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Trainers and makers of the multimodal paradigm.
+"""Trainers and the maker of the multimodal paradigm.
 
 - :class:`ContrastiveTrainer` trains the dual encoder on image-text pairs; besides the in-batch
   negatives it draws negatives from the bank's corpus tables (``uniform``/``log_uniform`` samples
@@ -6,165 +6,38 @@
   bounded by the batch; by default it encodes the drawn keys' frozen features with its current model.
 - :class:`CorpusMaker` loads the newest encoder version and rewrites every corpus embedding in the
   bank (``texts`` and ``images`` tables) with ``model_step`` and its name as provenance.
-- :func:`initialise_bank` runs the frozen pretrained encoders once (EfficientNet-Lite0 for images and,
-  with ``text_encoder="minilm"``, all-MiniLM-L6-v2 for texts, both shipped in registry packages) and
-  writes their features into the bank (``images.pretrained``, ``texts.pretrained``), where the loops read them.
 - :class:`ConceptClassifierTrainer` is the large-output-space use: class embeddings live in the
   bank, are allocated on first sight and trained with sampled softmax through ``apply_gradients``.
+
+The corpus they read is :mod:`~carls_dask.paradigms.multimodal.data`'s, their bank tables are
+:mod:`~carls_dask.paradigms.multimodal.tables`' and their models :mod:`~carls_dask.paradigms.multimodal.models`'.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import pathlib
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from carls_dask.bank import Column, TableSpec, to_int64_keys
+from carls_dask.bank import to_int64_keys
 from carls_dask.errors import ConfigError
-from carls_dask.paradigms.data.openmoji import EmojiPairs, cldr_concepts, concept_split, load_openmoji_pairs
-from carls_dask.paradigms.data.sentences import SENTENCE_MODEL, encode_sentences
-from carls_dask.paradigms.multimodal.features import FEATURE_DIM, PRETRAINED_NAME, image_features
+from carls_dask.paradigms.data.openmoji import cldr_concepts, load_openmoji_pairs
+from carls_dask.paradigms.multimodal.data import CorpusSpec, load_corpus
+from carls_dask.paradigms.multimodal.features import FEATURE_DIM, image_features
 from carls_dask.paradigms.multimodal.metrics import retrieval_report
-from carls_dask.paradigms.multimodal.text import hash_tokens, resolve_text_encoder
+from carls_dask.paradigms.multimodal.settings import NEGATIVES
+from carls_dask.paradigms.multimodal.tables import CONCEPTS, IMAGES, TEXTS, has_pretrained
 from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.trainer import Trainer
 
-__all__ = [
-    "NEGATIVES",
-    "ConceptClassifierTrainer",
-    "ContrastiveTrainer",
-    "Corpus",
-    "CorpusMaker",
-    "CorpusSpec",
-    "corpus_tables",
-    "default_cache_dir",
-    "dual_encoder",
-    "initialise_bank",
-    "load_corpus",
-]
+__all__ = ["ConceptClassifierTrainer", "ContrastiveTrainer", "CorpusMaker"]
 
 logger = logging.getLogger(__name__)
-
-NEGATIVES = ("in_batch", "uniform", "log_uniform", "hard")
-TEXTS, IMAGES, CONCEPTS = "texts", "images", "concepts"
-
-
-@dataclasses.dataclass(frozen=True)
-class CorpusSpec:
-    """Which pairs to use; small and picklable, so every worker loads the same corpus.
-
-    Attributes
-    ----------
-    size
-        Image side in pixels.
-    limit
-        Concepts kept (``None``: all of about 1,700).
-    n_test
-        Concepts held out for retrieval evaluation (one pair each).
-    n_val
-        Further concepts held out of training as a validation split (one pair each), on which
-        settings are chosen before the test figures are read; 0 keeps them in training.
-    seed
-        Seed of the concept choices.
-    cache_dir
-        Folder of the rendered-image and feature caches.
-    text_buckets
-        Hashed text token ids.
-    text_encoder
-        ``"minilm"`` (frozen all-MiniLM-L6-v2 sentence features), ``"hashed"`` (hashed word and
-        character-trigram ids, no weights) or ``"auto"`` (MiniLM when its packages import, else hashed
-        with a logged warning).
-    torch_threads
-        Intra-op threads the loops give torch in their worker process (``torch.set_num_threads``);
-        1 avoids oversubscription when several workers share few cores; ``None`` leaves it.
-    """
-
-    size: int = 64
-    limit: int | None = None
-    n_test: int = 300
-    n_val: int = 0
-    seed: int = 0
-    cache_dir: str | None = None
-    text_buckets: int = 1 << 12
-    torch_threads: int | None = 1
-    text_encoder: str = "auto"
-
-
-@dataclasses.dataclass(frozen=True)
-class Corpus:
-    """The loaded corpus: train pairs (the bank's corpus, keyed by row), held-out validation and test pairs.
-
-    ``text_features`` are the frozen sentence features of every pair (``text_encoder="minilm"``;
-    ``None`` with the hashed encoder); :attr:`text_inputs` is what the text head reads.
-    """
-
-    pairs: EmojiPairs
-    train: np.ndarray
-    test: np.ndarray
-    features: np.ndarray
-    text_ids: np.ndarray
-    val: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    text_encoder: str = "hashed"
-    text_features: np.ndarray | None = None
-
-    @property
-    def text_inputs(self) -> np.ndarray:
-        """``float32[n, 384]`` sentence features (MiniLM) or ``int64[n, L]`` hashed token ids, every pair."""
-        return self.text_ids if self.text_features is None else self.text_features
-
-    @property
-    def text_dim(self) -> int | None:
-        """Size of the frozen text features (``None`` with hashed ids)."""
-        return None if self.text_features is None else int(self.text_features.shape[1])
-
-    @property
-    def train_keys(self) -> np.ndarray:
-        """Bank keys of the train pairs (their row numbers in :attr:`pairs`)."""
-        return self.train.astype(np.int64)
-
-
-def load_corpus(spec: CorpusSpec) -> Corpus:
-    """Render (or read from cache) the pairs, compute (or read) the frozen features, split by concept.
-
-    The test concepts are drawn first, so ``n_val`` never changes the test pairs; the validation
-    concepts are then drawn from the remaining (training) concepts.
-
-    Raises
-    ------
-    ConfigError
-        If ``n_val`` is negative.
-    InvalidBatchError
-        If ``n_test`` or ``n_val`` leave no concept for training.
-    """
-    if not isinstance(spec.n_val, int) or spec.n_val < 0:
-        raise ConfigError(f"CorpusSpec: n_val={spec.n_val!r}; expected an int >= 0")
-    pairs = load_openmoji_pairs(spec.size, limit=spec.limit, seed=spec.seed, cache_dir=spec.cache_dir)
-    train, test = concept_split(pairs, spec.n_test, seed=spec.seed)
-    val = np.zeros(0, dtype=np.int64)
-    if spec.n_val:
-        sub_train, sub_val = concept_split(pairs.subset(train), spec.n_val, seed=spec.seed + 1)
-        train, val = train[sub_train], train[sub_val]
-    feats = image_features(pairs.images, cache_dir=spec.cache_dir)
-    encoder = resolve_text_encoder(spec.text_encoder)
-    text_features = encode_sentences(pairs.texts, cache_dir=spec.cache_dir) if encoder == "minilm" else None
-    return Corpus(pairs, train, test, feats, hash_tokens(pairs.texts, spec.text_buckets), val, encoder,
-                  text_features)
-
-
-def dual_encoder(corpus: Corpus, spec: CorpusSpec, dim: int, hidden: int, temperature: float = 0.07,
-                 learn_temperature: bool = True) -> Any:
-    """The :class:`~carls_dask.paradigms.multimodal.model.DualEncoder` for ``corpus``'s text inputs."""
-    from carls_dask.paradigms.multimodal.model import DualEncoder
-
-    return DualEncoder(FEATURE_DIM, spec.text_buckets, dim, hidden, temperature=temperature,
-                       text_dim=corpus.text_dim, learn_temperature=learn_temperature)
 
 
 def _set_threads(spec: CorpusSpec) -> None:
@@ -173,49 +46,6 @@ def _set_threads(spec: CorpusSpec) -> None:
     if spec.torch_threads is not None and torch.get_num_threads() != spec.torch_threads:
         torch.set_num_threads(spec.torch_threads)
 
-
-def corpus_tables(dim: int = 64, classes_dim: int | None = None, text_dim: int | None = None) -> list[TableSpec]:
-    """The bank tables: ``texts`` and ``images`` (embedding and frozen features) and ``concepts``.
-
-    ``images.pretrained`` holds the frozen image features; ``texts.pretrained`` the frozen sentence
-    features when ``text_dim`` is given (the MiniLM text encoder).
-    """
-    text_columns = [Column("embedding", "float32", (dim,), ("dim",), initializer="zeros")]
-    if text_dim is not None:
-        text_columns.append(Column("pretrained", "float32", (text_dim,), ("sentence",), initializer="zeros"))
-    tables = [
-        TableSpec(TEXTS, columns=tuple(text_columns), optimizer=None),
-        TableSpec(IMAGES, columns=(Column("embedding", "float32", (dim,), ("dim",), initializer="zeros"),
-                                   Column("pretrained", "float32", (FEATURE_DIM,), ("feature",),
-                                          initializer="zeros")), optimizer=None),
-    ]
-    if classes_dim is not None:
-        tables.append(TableSpec(CONCEPTS, columns=(Column("embedding", "float32", (classes_dim,), ("dim",)),),
-                                optimizer="adagrad", learning_rate=0.2, initializer="normal", init_scale=0.01))
-    return tables
-
-
-def initialise_bank(bank: Any, spec: CorpusSpec, chunk: int = 1024) -> int:
-    """Write the frozen pretrained features of the train corpus into ``images.pretrained`` (and, with the
-    MiniLM text encoder, ``texts.pretrained``).
-
-    Runs the pretrained encoders (or reads their caches); provenance ``maker="efficientnet-lite0"``
-    (``"all-MiniLM-L6-v2"`` for texts), ``model_step=0``. Returns the number of corpus rows written.
-    """
-    corpus = load_corpus(spec)
-    keys = corpus.train_keys
-    texts = corpus.text_features if corpus.text_features is not None and _has_pretrained(bank, TEXTS) else None
-    for s in range(0, len(keys), chunk):
-        k = keys[s:s + chunk]
-        bank.update(IMAGES, k, {"pretrained": corpus.features[k]}, model_step=0, maker=PRETRAINED_NAME)
-        if texts is not None:
-            bank.update(TEXTS, k, {"pretrained": texts[k]}, model_step=0, maker=SENTENCE_MODEL)
-    return len(keys)
-
-
-def _has_pretrained(bank: Any, table: str) -> bool:
-    """Whether ``table`` of ``bank`` has a ``pretrained`` column (``texts`` has one with MiniLM features)."""
-    return any(c.name == "pretrained" for c in bank.spec(table).columns)
 
 
 def _check_choice(owner: str, what: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -296,6 +126,8 @@ class ContrastiveTrainer(Trainer):
     def setup(self, ctx: LoopContext) -> None:
         import torch
 
+        from carls_dask.paradigms.multimodal.models import dual_encoder
+
         _set_threads(self.corpus_spec)
         torch.manual_seed(self.seed)
         self.rng = np.random.default_rng(self.seed)
@@ -308,7 +140,7 @@ class ContrastiveTrainer(Trainer):
             got = ctx.bank.lookup(IMAGES, keys, columns=["pretrained"])
             if bool(np.all(got.found)):
                 feats = got.values["pretrained"]
-            if self.corpus.text_features is not None and _has_pretrained(ctx.bank, TEXTS):
+            if self.corpus.text_features is not None and has_pretrained(ctx.bank, TEXTS):
                 got = ctx.bank.lookup(TEXTS, keys, columns=["pretrained"])
                 if bool(np.all(got.found)):
                     text = got.values["pretrained"]
@@ -535,6 +367,8 @@ class CorpusMaker(KnowledgeMaker):
     def setup(self, ctx: LoopContext) -> None:
         import torch
 
+        from carls_dask.paradigms.multimodal.models import dual_encoder
+
         if ctx.bank is None:
             raise ConfigError(f"CorpusMaker {self.name!r} needs a bank with the corpus tables")
         _set_threads(self.corpus_spec)
@@ -614,7 +448,7 @@ class ConceptClassifierTrainer(Trainer):
     def setup(self, ctx: LoopContext) -> None:
         import torch
 
-        from carls_dask.paradigms.multimodal.model import ImageQueryHead
+        from carls_dask.paradigms.multimodal.models import ImageQueryHead
 
         if ctx.bank is None:
             raise ConfigError(f"ConceptClassifierTrainer {self.name!r} needs a bank with a 'concepts' table")
@@ -711,11 +545,3 @@ class ConceptClassifierTrainer(Trainer):
         out["sampled"] = float(min(self.n_sampled, self.ctx.bank.size(CONCEPTS))) if self.ctx is not None else 0.0
         out["step_ms"] = float(np.median(self.step_seconds) * 1e3) if self.step_seconds else float("nan")
         return out
-
-
-def default_cache_dir() -> pathlib.Path:
-    """Where rendered images and frozen features are cached: ``carls.data.dir``/multimodal, else ~/.cache."""
-    from carls_dask import config
-
-    base = config.get("data.dir")
-    return pathlib.Path(base) / "multimodal" if base else pathlib.Path.home() / ".cache" / "carls-dask" / "multimodal"

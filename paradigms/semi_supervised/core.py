@@ -10,8 +10,6 @@ The three variants differ only in where neighbour outputs come from:
 from __future__ import annotations
 
 import copy
-import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,241 +17,17 @@ import torch
 import torch.nn.functional as F
 
 from carls_dask.errors import ConfigError, InvalidShapeError
-from carls_dask.paradigms.data.graphs import graph_pseudo_preset
 from carls_dask.paradigms.data.planetoid import PlanetoidGraph
 from carls_dask.paradigms.semi_supervised.loss import (
-    DISTANCES,
     graph_regularization,
     pseudo_label_loss,
     soft_target_loss,
 )
-from carls_dask.paradigms.semi_supervised.model import MLP
+from carls_dask.paradigms.semi_supervised.models import MLP
 from carls_dask.paradigms.semi_supervised.neighbours import NeighbourTable, build_neighbour_table
+from carls_dask.paradigms.semi_supervised.settings import SemiSupervisedSettings
 
-__all__ = ["MAKER_REFRESH", "MODES", "PSEUDO_SELECTIONS", "PSEUDO_TEACHERS", "NodeClassifierCore", "SemiSupervisedConfig", "expand_neighbour_rows"]
-
-MODES = ("base", "in-graph", "bank")
-PSEUDO_SELECTIONS = ("threshold", "balanced", "soft", "auto")
-PSEUDO_TEACHERS = ("student", "graph")
-#: What the neighbour maker re-scores each round (see :attr:`SemiSupervisedConfig.maker_refresh`).
-MAKER_REFRESH = ("full", "changes")
-
-
-@dataclasses.dataclass
-class SemiSupervisedConfig:
-    """Hyper-parameters shared by every variant.
-
-    Attributes
-    ----------
-    dataset
-        ``"cora"``, ``"citeseer"``, ``"wordnet"`` or ``"wordnet-tfidf"`` (:func:`~carls_dask.paradigms.data.graphs.load_graph`).
-    mode
-        ``"base"``, ``"in-graph"`` or ``"bank"``.
-    k
-        Neighbour slots per node.
-    steps
-        Optimizer steps of one run.
-    hidden, dropout, lr, weight_decay
-        The MLP and its Adam optimizer.
-    unlabelled_batch
-        Unlabelled nodes drawn per step beside all labelled-train nodes (the graph term covers both).
-    graph_weight
-        Multiplier of the graph-regularization term.
-    distance
-        ``"kl"`` or ``"l2"`` (see :func:`graph_regularization`).
-    neighbour_temperature
-        Neighbour logits are divided by it before the graph term: values below 1 sharpen the
-        neighbours' distributions into firmer targets (1 leaves them as they are).
-    pseudo_labels
-        Add the pseudo-label term (bank mode only: pseudo labels come from a maker).
-    pseudo_weight
-        Multiplier of the pseudo-label term; ``None``: the data set's preset under ``pseudo_selection="auto"``,
-        else 10 for ``soft`` and 0.5 for the hard labels.
-    threshold
-        Confidence a prediction needs to become a pseudo label (``pseudo_selection="threshold"``).
-    pseudo_selection
-        ``"threshold"``: every unlabelled node whose model confidence passes ``threshold``;
-        ``"balanced"``: per class, the candidates with the most confident neighbour vote that agrees
-        with the model, up to ``pseudo_fraction`` of the candidates in all (see
-        :func:`~carls_dask.paradigms.semi_supervised.pseudo_labels.select_balanced_pseudo_labels`);
-        ``"soft"``: every unlabelled node gets its neighbour vote as a soft target (distillation of a
-        personalised-PageRank teacher, see
-        :func:`~carls_dask.paradigms.semi_supervised.pseudo_labels.soft_pseudo_labels`);
-        ``"auto"``: the preset of the data set, chosen on its validation split
-        (:func:`~carls_dask.paradigms.data.graphs.graph_pseudo_preset`: ``soft`` with weight 10, temperature
-        0.6, neighbour weight 0.8, a correct step with neighbour weight 0.99 (autoscale) and 50 propagation
-        rounds on Cora and CiteSeer; ``balanced`` with weight 0.5, fraction 0.4, ramp 50
-        and no agreement test on WordNet). The preset fills the fields left at their defaults: a field set to
-        another value keeps it, but one set to its default value (e.g. ``pseudo_alpha=0.9``) cannot be
-        told from an unset one and takes the preset's value; to run such a value, give
-        ``pseudo_selection="soft"`` (or ``"balanced"``) and the other fields explicitly.
-    pseudo_fraction
-        Share of the unlabelled nodes that may get a pseudo label (``balanced``).
-    pseudo_alpha
-        Neighbour weight of the label propagation that makes the votes (``balanced``; 0: the model alone).
-    pseudo_agreement
-        Require the model's and the neighbour vote's classes to agree (``balanced``).
-    pseudo_temperature
-        Sharpening temperature of the soft targets (``soft``; 1 leaves the votes as they are).
-    pseudo_confidence_weight
-        Weight each soft target's loss by its confidence (``soft``; else every target weighs 1).
-    pseudo_correct_alpha
-        Neighbour weight of the "correct" step before the label propagation (``balanced`` and ``soft``;
-        0: off): the model's errors on the labelled-train nodes are spread over the graph and added to
-        its probabilities (correct-and-smooth, see
-        :func:`~carls_dask.paradigms.semi_supervised.pseudo_labels.correct_probabilities`).
-    pseudo_correct_scale
-        Multiplier of the spread errors in the correct step; 0: autoscale (each row scaled to the mean
-        size of the labelled-train errors).
-    pseudo_teacher
-        Whose class probabilities the pseudo labels come from: ``"student"`` (the newest model
-        version, corrected and propagated as above) or ``"graph"`` (a separate graph model the maker
-        trains once from the labelled-train nodes and the graph, with random propagation and
-        consistency regularisation, see :mod:`~carls_dask.paradigms.semi_supervised.teacher`; its
-        probabilities take the place of the votes: the correct step and the propagation do not
-        apply, the sharpening with ``pseudo_temperature`` does). The trainer stays an MLP at inference
-        either way. ``None``: ``"graph"`` on CiteSeer under ``pseudo_selection="auto"``, else ``"student"``
-        (an explicit value is kept).
-    teacher_epochs
-        Training steps of the ``"graph"`` teacher.
-    propagation_steps
-        Rounds of the label propagation that makes the votes (``balanced`` and ``soft``), and of the
-        correct step.
-    graph_warmup
-        Trainer steps before which the graph term is off (the run starts as the base MLP).
-    pseudo_warmup
-        Model step before which no pseudo label is given.
-    pseudo_ramp
-        Steps after the warm-up over which the labelled share grows linearly to ``pseudo_fraction``
-        (0: all at once).
-    eval_every
-        Steps between validation evaluations (the best-validation model is the one reported).
-    seed
-        Seed of weights, dropout and batch sampling.
-    neighbour_seed
-        Seed of the neighbour-table sampling.
-    publish_every
-        Trainer steps between model versions the makers pick up.
-    data_dir
-        Folder of the Planetoid files (``None``: ``carls.data.dir``, then ``CARLS_DATA_DIR``).
-    torch_threads
-        Intra-op threads torch may use in each loop (0 leaves torch's default).
-    maker_refresh
-        What the neighbour maker re-scores each round: ``"full"`` (every node) or ``"changes"`` (the
-        nodes the bank's change feed says moved at its last round and their graph neighbours, plus a
-        slow sweep of ``sweep_fraction`` of the nodes so that none is starved; see
-        :meth:`~carls_dask.bank.client.KnowledgeBank.changes`).
-    refresh_threshold
-        L2 distance between a node's new and last reported logits above which the change feed counts it as moved.
-    sweep_fraction
-        Share of the nodes a ``"changes"`` maker re-scores each round in a fixed cycle, whatever moved.
-    refresh_neighbours
-        Whether a ``"changes"`` maker also re-scores the graph neighbours of the nodes that moved (on by
-        default; off re-scores the moved nodes and the sweep only, about a third of the rows on WordNet).
-    audit_nodes
-        Nodes (a fixed sample) on which the trainer measures, at each evaluation, how far the bank's logits
-        are from its current model's: the staleness of the knowledge it reads (0: no audit).
-    """
-
-    dataset: str = "cora"
-    mode: str = "bank"
-    k: int = 5
-    steps: int = 300
-    hidden: tuple[int, ...] = (64,)
-    dropout: float = 0.5
-    lr: float = 0.01
-    weight_decay: float = 5e-4
-    unlabelled_batch: int = 512
-    graph_weight: float = 1.0
-    distance: str = "kl"
-    neighbour_temperature: float = 1.0
-    pseudo_labels: bool = False
-    pseudo_weight: float | None = None
-    threshold: float = 0.6
-    pseudo_selection: str = "threshold"
-    pseudo_fraction: float = 0.3
-    pseudo_alpha: float = 0.9
-    pseudo_agreement: bool = True
-    pseudo_temperature: float = 1.0
-    pseudo_confidence_weight: bool = False
-    pseudo_correct_alpha: float = 0.0
-    pseudo_correct_scale: float = 0.0
-    pseudo_teacher: str | None = None
-    teacher_epochs: int = 400
-    propagation_steps: int = 10
-    graph_warmup: int = 0
-    pseudo_warmup: int = 0
-    pseudo_ramp: int = 0
-    eval_every: int = 10
-    seed: int = 0
-    neighbour_seed: int = 0
-    publish_every: int = 10
-    data_dir: str | None = None
-    torch_threads: int = 1
-    maker_refresh: str = "full"
-    refresh_threshold: float = 2.0
-    sweep_fraction: float = 0.05
-    refresh_neighbours: bool = True
-    audit_nodes: int = 256
-
-    def __post_init__(self) -> None:
-        self.hidden = tuple(int(h) for h in self.hidden)
-        if self.pseudo_selection == "auto":  # the preset fills the fields left at their defaults
-            defaults = {f.name: f.default for f in dataclasses.fields(self)}
-            for name, value in graph_pseudo_preset(self.dataset).items():
-                if name == "pseudo_selection" or getattr(self, name) == defaults[name]:
-                    setattr(self, name, value)
-        if self.pseudo_weight is None:
-            self.pseudo_weight = 10.0 if self.pseudo_selection == "soft" else 0.5
-        if self.pseudo_teacher is None:
-            self.pseudo_teacher = "student"
-        checks: Sequence[tuple[bool, str]] = (
-            (self.mode in MODES, f"mode {self.mode!r}, expected one of {MODES}"),
-            (self.distance in DISTANCES, f"distance {self.distance!r}, expected one of {DISTANCES}"),
-            (int(self.k) >= 1, f"k {self.k!r}, expected an integer >= 1"),
-            (int(self.steps) >= 1, f"steps {self.steps!r}, expected an integer >= 1"),
-            (int(self.eval_every) >= 1, f"eval_every {self.eval_every!r}, expected an integer >= 1"),
-            (int(self.publish_every) >= 1, f"publish_every {self.publish_every!r}, expected an integer >= 1"),
-            (int(self.torch_threads) >= 0, f"torch_threads {self.torch_threads!r}, expected an integer >= 0"),
-            (int(self.unlabelled_batch) >= 0, f"unlabelled_batch {self.unlabelled_batch!r}, expected >= 0"),
-            (0.0 <= self.dropout < 1.0, f"dropout {self.dropout!r}, expected a value in [0, 1)"),
-            (self.lr > 0, f"lr {self.lr!r}, expected > 0"),
-            (self.neighbour_temperature > 0,
-             f"neighbour_temperature {self.neighbour_temperature!r}, expected > 0"),
-            (self.pseudo_weight >= 0, f"pseudo_weight {self.pseudo_weight!r}, expected >= 0"),
-            (0.0 < self.threshold <= 1.0, f"threshold {self.threshold!r}, expected a value in (0, 1]"),
-            (not (self.pseudo_labels and self.mode != "bank"), "pseudo_labels need mode 'bank'"),
-            (self.pseudo_selection in PSEUDO_SELECTIONS,
-             f"pseudo_selection {self.pseudo_selection!r}, expected one of {PSEUDO_SELECTIONS}"),
-            (0.0 <= self.pseudo_fraction <= 1.0, f"pseudo_fraction {self.pseudo_fraction!r}, expected a value in [0, 1]"),
-            (0.0 <= self.pseudo_alpha < 1.0, f"pseudo_alpha {self.pseudo_alpha!r}, expected a value in [0, 1)"),
-            (int(self.pseudo_warmup) >= 0, f"pseudo_warmup {self.pseudo_warmup!r}, expected an integer >= 0"),
-            (int(self.pseudo_ramp) >= 0, f"pseudo_ramp {self.pseudo_ramp!r}, expected an integer >= 0"),
-            (self.pseudo_temperature > 0, f"pseudo_temperature {self.pseudo_temperature!r}, expected > 0"),
-            (0.0 <= self.pseudo_correct_alpha < 1.0,
-             f"pseudo_correct_alpha {self.pseudo_correct_alpha!r}, expected a value in [0, 1)"),
-            (self.pseudo_correct_scale >= 0,
-             f"pseudo_correct_scale {self.pseudo_correct_scale!r}, expected >= 0 (0: autoscale)"),
-            (self.pseudo_teacher in PSEUDO_TEACHERS,
-             f"pseudo_teacher {self.pseudo_teacher!r}, expected one of {PSEUDO_TEACHERS}"),
-            (int(self.teacher_epochs) >= 1, f"teacher_epochs {self.teacher_epochs!r}, expected an integer >= 1"),
-            (int(self.propagation_steps) >= 0,
-             f"propagation_steps {self.propagation_steps!r}, expected an integer >= 0"),
-            (int(self.graph_warmup) >= 0, f"graph_warmup {self.graph_warmup!r}, expected an integer >= 0"),
-            (self.maker_refresh in MAKER_REFRESH, f"maker_refresh {self.maker_refresh!r}, expected one of {MAKER_REFRESH}"),
-            (self.refresh_threshold >= 0, f"refresh_threshold {self.refresh_threshold!r}, expected >= 0"),
-            (0.0 < self.sweep_fraction <= 1.0, f"sweep_fraction {self.sweep_fraction!r}, expected a value in (0, 1]"),
-            (int(self.audit_nodes) >= 0, f"audit_nodes {self.audit_nodes!r}, expected an integer >= 0"),
-        )
-        for ok, msg in checks:
-            if not ok:
-                raise ConfigError(f"semi-supervised config: {msg}")
-
-    def to_json(self) -> dict[str, Any]:
-        """The settings as a JSON-able dict."""
-        d = dataclasses.asdict(self)
-        d["hidden"] = list(self.hidden)
-        return d
+__all__ = ["NodeClassifierCore", "expand_neighbour_rows"]
 
 
 def expand_neighbour_rows(
@@ -309,7 +83,7 @@ class NodeClassifierCore:
         Hyper-parameters.
     """
 
-    def __init__(self, graph: PlanetoidGraph, config: SemiSupervisedConfig) -> None:
+    def __init__(self, graph: PlanetoidGraph, config: SemiSupervisedSettings) -> None:
         self.graph = graph
         self.config = config
         torch.manual_seed(config.seed)
@@ -355,7 +129,7 @@ class NodeClassifierCore:
         ``neighbour_weights[B, K]`` are the batch's slot weights when the caller gathered them
         already (:meth:`neighbour_keys`), else they are gathered here. With ``pseudo_targets[B, C]``
         (soft targets) the pseudo-label term is the cross-entropy against them, each row weighted by
-        its confidence (``pseudo_confidence_weight``) or by 1 where its confidence is above 0.
+        its confidence (``pseudo.confidence_weight``) or by 1 where its confidence is above 0.
         Before ``graph_warmup`` steps the graph term is left out.
         """
         cfg = self.config
@@ -393,11 +167,11 @@ class NodeClassifierCore:
             conf = torch.from_numpy(np.asarray(pseudo_confidence, dtype=np.float32)).clone()
             if pseudo_targets is not None:
                 conf[:n_train] = 0.0
-                w = conf if cfg.pseudo_confidence_weight else (conf > 0).float()
+                w = conf if cfg.pseudo.confidence_weight else (conf > 0).float()
                 p = soft_target_loss(logits, torch.from_numpy(np.asarray(pseudo_targets, dtype=np.float32)), w)
             else:
                 p = pseudo_label_loss(logits, pl, conf)
-            loss = loss + float(cfg.pseudo_weight or 0.0) * p
+            loss = loss + float(cfg.pseudo.weight or 0.0) * p
             out["pseudo"] = float(p.detach())
             out["pseudo_used"] = float((pl >= 0).sum())
         self.optimizer.zero_grad(set_to_none=True)

@@ -23,13 +23,8 @@ from typing import Any
 import numpy as np
 
 from carls_dask.errors import ConfigError
-from carls_dask.paradigms.data.graphs import load_graph
-from carls_dask.paradigms.data.planetoid import PlanetoidGraph
-from carls_dask.paradigms.semi_supervised.core import (
-    NodeClassifierCore,
-    SemiSupervisedConfig,
-    expand_neighbour_rows,
-)
+from carls_dask.paradigms.semi_supervised.core import NodeClassifierCore, expand_neighbour_rows
+from carls_dask.paradigms.semi_supervised.data import load_data
 from carls_dask.paradigms.semi_supervised.pseudo_labels import (
     PseudoLabels,
     correct_probabilities,
@@ -40,40 +35,17 @@ from carls_dask.paradigms.semi_supervised.pseudo_labels import (
     select_pseudo_labels,
     soft_pseudo_labels,
 )
+from carls_dask.paradigms.semi_supervised.settings import SemiSupervisedSettings
+from carls_dask.paradigms.semi_supervised.tables import NODES_TABLE, PSEUDO_TABLE
 from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.trainer import Trainer
+from carls_dask.storage.runfolder import PL_COUNT, PL_COVERAGE, PL_PRECISION
 
-__all__ = ["NODES_TABLE", "PSEUDO_TABLE", "GraphTrainer", "NeighbourMaker", "PseudoLabelMaker", "bank_tables"]
+__all__ = ["GraphTrainer", "NeighbourMaker", "PseudoLabelMaker"]
 
 logger = logging.getLogger(__name__)
-
-NODES_TABLE = "nodes"
-PSEUDO_TABLE = "pseudo_labels"
-
-
-def bank_tables(n_classes: int, embed_dim: int, refresh_threshold: float = 2.0) -> list[Any]:
-    """The two tables of a run: ``nodes`` (embedding, logits) and ``pseudo_labels`` (label, confidence, target).
-
-    ``target`` is the class distribution a node is trained towards: one-hot for hard pseudo labels,
-    the sharpened neighbour vote for soft ones. The ``nodes`` table watches its logits (a change feed
-    counting moves beyond ``refresh_threshold`` in L2), which a ``maker_refresh="changes"`` maker follows.
-    """
-    from carls_dask.bank.changes import ChangeWatch
-    from carls_dask.bank.schema import Column, TableSpec
-
-    return [
-        TableSpec(NODES_TABLE, columns=(
-            Column("embedding", "float32", (embed_dim,), ("dim",), initializer="zeros"),
-            Column("logits", "float32", (n_classes,), ("class",), initializer="zeros"),
-        ), optimizer=None, watch=(ChangeWatch("logits", "l2", float(refresh_threshold)),)),
-        TableSpec(PSEUDO_TABLE, columns=(
-            Column("pseudo_label", "int64", (), ()),
-            Column("confidence", "float32", (), (), initializer="zeros"),
-            Column("target", "float32", (n_classes,), ("class",), initializer="zeros"),
-        ), optimizer=None),
-    ]
 
 
 def _limit_threads(n: int) -> None:
@@ -81,10 +53,6 @@ def _limit_threads(n: int) -> None:
 
     if n > 0:
         torch.set_num_threads(n)
-
-
-def _load(config: SemiSupervisedConfig, data_dir: str | os.PathLike[str] | None) -> PlanetoidGraph:
-    return load_graph(config.dataset, data_dir)
 
 
 def _hist_quantile(hist: np.ndarray, q: float) -> float:
@@ -103,7 +71,7 @@ class GraphTrainer(Trainer):
     name
         Loop name (also its model channel's name).
     config
-        The run's :class:`SemiSupervisedConfig`; ``config.steps`` is the step budget.
+        The run's :class:`SemiSupervisedSettings`; ``config.steps`` is the step budget.
     data_dir
         Data folder (see :func:`~carls_dask.paradigms.data.planetoid.find_data_dir`); resolved on the worker.
     publish_every
@@ -112,10 +80,10 @@ class GraphTrainer(Trainer):
         Intra-op threads torch may use in the loop (0 leaves torch's default).
     """
 
-    def __init__(self, name: str = "trainer", config: SemiSupervisedConfig | None = None, *,
+    def __init__(self, name: str = "trainer", config: SemiSupervisedSettings | None = None, *,
                  data_dir: str | os.PathLike[str] | None = None, publish_every: int | None = None,
                  torch_threads: int | None = None) -> None:
-        self.config = config or SemiSupervisedConfig()
+        self.config = config or SemiSupervisedSettings()
         super().__init__(name, max_steps=self.config.steps,
                          publish_every=self.config.publish_every if publish_every is None else publish_every,
                          keep_state=False, eval_every=self.config.eval_every)
@@ -127,7 +95,7 @@ class GraphTrainer(Trainer):
         _limit_threads(self.torch_threads)
         if self.config.mode == "bank" and ctx.bank is None:
             raise ConfigError(f"trainer {self.name!r}: mode 'bank' needs a Workbench bank (wb.create_bank first)")
-        self.graph = _load(self.config, self.data_dir)
+        self.graph = load_data(self.config, self.data_dir)
         self.core = NodeClassifierCore(self.graph, self.config)
         self.model = self.core.model
         self.optimizer = self.core.optimizer
@@ -196,7 +164,7 @@ class GraphTrainer(Trainer):
         if self.config.pseudo_labels:
             n_train = len(self.graph.train)
             rest = batch[n_train:]
-            soft = self.config.pseudo_selection == "soft"
+            soft = self.config.pseudo.selection == "soft"
             labels = np.full(len(batch), -1, dtype=np.int64)
             conf = np.zeros(len(batch), dtype=np.float32)
             targets = np.zeros((len(batch), self.graph.n_classes), dtype=np.float32)
@@ -273,10 +241,10 @@ class GraphTrainer(Trainer):
 class _ModelMaker(KnowledgeMaker):
     """Shared set-up of the makers: the graph and an MLP of the trainer's shape."""
 
-    def __init__(self, name: str, config: SemiSupervisedConfig | None = None, *, source: str | None = None,
+    def __init__(self, name: str, config: SemiSupervisedSettings | None = None, *, source: str | None = None,
                  data_dir: str | os.PathLike[str] | None = None, torch_threads: int | None = None) -> None:
         super().__init__(name, source=source)
-        self.config = config or SemiSupervisedConfig()
+        self.config = config or SemiSupervisedSettings()
         folder = data_dir if data_dir is not None else self.config.data_dir
         self.data_dir = None if folder is None else str(folder)
         self.torch_threads = int(self.config.torch_threads if torch_threads is None else torch_threads)
@@ -284,12 +252,12 @@ class _ModelMaker(KnowledgeMaker):
     def setup(self, ctx: LoopContext) -> None:
         import torch
 
-        from carls_dask.paradigms.semi_supervised.model import MLP
+        from carls_dask.paradigms.semi_supervised.models import MLP
 
         _limit_threads(self.torch_threads)
         if ctx.bank is None:
             raise ConfigError(f"maker {self.name!r}: needs a Workbench bank (wb.create_bank first)")
-        self.graph = _load(self.config, self.data_dir)
+        self.graph = load_data(self.config, self.data_dir)
         self.x = torch.from_numpy(self.graph.features)
         self.keys = np.arange(self.graph.n_nodes, dtype=np.int64)
         self.model = MLP(self.graph.n_features, self.graph.n_classes, self.config.hidden, self.config.dropout)
@@ -320,7 +288,7 @@ class NeighbourMaker(_ModelMaker):
     and ``feed_keys`` (keys the feed returned).
     """
 
-    def __init__(self, name: str = "neighbour-maker", config: SemiSupervisedConfig | None = None, **kwargs: Any) -> None:
+    def __init__(self, name: str = "neighbour-maker", config: SemiSupervisedSettings | None = None, **kwargs: Any) -> None:
         super().__init__(name, config, **kwargs)
 
     def setup(self, ctx: LoopContext) -> None:
@@ -380,16 +348,16 @@ class PseudoLabelMaker(_ModelMaker):
 
     Candidates are all nodes outside the labelled-train split. Every round re-scores all of them
     with the newest model and replaces the previous set (labels that no longer qualify are
-    deleted). With ``pseudo_selection="threshold"`` a candidate qualifies when the model's
-    confidence passes ``threshold``; with ``"balanced"`` the model's probabilities are propagated
+    deleted). With ``pseudo.selection="threshold"`` a candidate qualifies when the model's
+    confidence passes ``pseudo.threshold``; with ``"balanced"`` the model's probabilities are propagated
     over the graph from the labelled-train nodes (the neighbour votes) and each class takes its
     most confident candidates on which votes and model agree, up to its share of
-    ``pseudo_fraction`` (growing over ``pseudo_ramp`` steps after ``pseudo_warmup``). Truth is used
+    ``pseudo.fraction`` (growing over ``pseudo.ramp`` steps after ``pseudo.warmup``). Truth is used
     only to measure ``pl_precision`` (share of given labels that are right) and ``pl_coverage``
     (share of candidates labelled).
     """
 
-    def __init__(self, name: str = "pseudo-labeller", config: SemiSupervisedConfig | None = None, **kwargs: Any) -> None:
+    def __init__(self, name: str = "pseudo-labeller", config: SemiSupervisedSettings | None = None, **kwargs: Any) -> None:
         super().__init__(name, config, **kwargs)
 
     def setup(self, ctx: LoopContext) -> None:
@@ -400,46 +368,47 @@ class PseudoLabelMaker(_ModelMaker):
         self.adjacency = normalized_adjacency(self.graph.edges, self.graph.n_nodes)
         self.teacher: np.ndarray | None = None
         self.teacher_written = False
-        if self.config.pseudo_teacher == "graph":
-            from carls_dask.paradigms.semi_supervised.teacher import GraphTeacherSettings, train_graph_teacher
+        if self.config.pseudo.teacher == "graph":
+            from carls_dask.paradigms.semi_supervised.teacher import train_graph_teacher
 
             g = self.graph
-            self.teacher, info = train_graph_teacher(
-                g.features, g.edges, g.train, g.labels, g.val,
-                GraphTeacherSettings(epochs=int(self.config.teacher_epochs)), seed=int(self.config.seed))
+            self.teacher, info = train_graph_teacher(g.features, g.edges, g.train, g.labels, g.val,
+                                                     self.config.graph_teacher, seed=int(self.config.seed))
             self.teacher_val_acc = float(info["val_acc"])
 
     def fraction_at(self, step: int) -> float:
         """Share of the candidates that may be labelled at model step ``step`` (``balanced``)."""
         cfg = self.config
-        if step < cfg.pseudo_warmup:
+        if step < cfg.pseudo.warmup:
             return 0.0
-        if cfg.pseudo_ramp <= 0:
-            return float(cfg.pseudo_fraction)
-        return float(cfg.pseudo_fraction) * min(1.0, (step - cfg.pseudo_warmup) / cfg.pseudo_ramp)
+        if cfg.pseudo.ramp <= 0:
+            return float(cfg.pseudo.fraction)
+        return float(cfg.pseudo.fraction) * min(1.0, (step - cfg.pseudo.warmup) / cfg.pseudo.ramp)
 
     def choose(self, probs: np.ndarray, step: int) -> PseudoLabels:
         """The pseudo labels of the model version at ``step`` given its class probabilities."""
         cfg = self.config
-        if step < cfg.pseudo_warmup:
+        if step < cfg.pseudo.warmup:
             return PseudoLabels(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
                                 np.zeros(0, dtype=np.float32), len(self.candidates))
-        if cfg.pseudo_selection == "threshold":
-            return select_pseudo_labels(probs if self.teacher is None else self.teacher, self.candidates, cfg.threshold)
+        if cfg.pseudo.selection == "threshold":
+            return select_pseudo_labels(probs if self.teacher is None else self.teacher, self.candidates,
+                                        cfg.pseudo.threshold)
         train = self.graph.train
         if self.teacher is not None:
             votes = self.teacher
         else:
             base = probs
-            if cfg.pseudo_correct_alpha > 0:
+            if cfg.pseudo.correct_alpha > 0:
                 base = correct_probabilities(probs, self.adjacency, train, self.graph.labels[train],
-                                             cfg.pseudo_correct_alpha, cfg.propagation_steps, cfg.pseudo_correct_scale)
-            votes = propagate_labels(base, self.adjacency, train, self.graph.labels[train], cfg.pseudo_alpha,
-                                     cfg.propagation_steps)
-        if cfg.pseudo_selection == "soft":
-            return soft_pseudo_labels(votes, self.candidates, cfg.pseudo_temperature)
+                                             cfg.pseudo.correct_alpha, cfg.pseudo.propagation_steps,
+                                             cfg.pseudo.correct_scale)
+            votes = propagate_labels(base, self.adjacency, train, self.graph.labels[train], cfg.pseudo.alpha,
+                                     cfg.pseudo.propagation_steps)
+        if cfg.pseudo.selection == "soft":
+            return soft_pseudo_labels(votes, self.candidates, cfg.pseudo.temperature)
         return select_balanced_pseudo_labels(probs, votes, self.candidates, self.fraction_at(step),
-                                             agreement=cfg.pseudo_agreement)
+                                             agreement=cfg.pseudo.agreement)
 
     def make(self, version: ModelVersion) -> Mapping[str, float]:
         import torch
@@ -449,7 +418,7 @@ class PseudoLabelMaker(_ModelMaker):
         probs = torch.softmax(torch.from_numpy(logits), dim=1).numpy()
         chosen = self.choose(probs, int(version.step))
         # a graph teacher's soft targets do not change between rounds: written once, kept after
-        unchanged = self.teacher_written and self.config.pseudo_selection == "soft"
+        unchanged = self.teacher_written and self.config.pseudo.selection == "soft"
         if len(chosen.keys) and not unchanged:
             self.ctx.bank.update(PSEUDO_TABLE, chosen.keys, {"pseudo_label": chosen.labels,
                                                              "confidence": chosen.confidence,
@@ -461,7 +430,7 @@ class PseudoLabelMaker(_ModelMaker):
         self.current = chosen.keys
         self.teacher_written = self.teacher is not None and bool(len(chosen.keys))
         q = pseudo_label_quality(chosen, self.graph.labels)
-        out = {"pl_precision": q["precision"], "pl_coverage": q["coverage"], "pl_count": q["count"],
+        out = {PL_PRECISION: q["precision"], PL_COVERAGE: q["coverage"], PL_COUNT: q["count"],
                "pl_dropped": float(len(dropped))}
         if self.teacher is not None:
             out["teacher_val_acc"] = self.teacher_val_acc

@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.errors import ConfigError, InvalidShapeError
+from carls_dask.errors import InvalidShapeError
 from carls_dask.paradigms.semi_supervised.pseudo_labels import normalized_adjacency
+from carls_dask.runtime.settings import check_settings
 
 __all__ = ["GraphTeacherSettings", "train_graph_teacher"]
 
@@ -37,23 +38,25 @@ class GraphTeacherSettings:
     Attributes
     ----------
     order
-        Hops averaged by the propagation (``0..order``).
+        Hops the graph teacher's propagation averages (0 to order).
     hidden
-        Width of the teacher's hidden layer.
+        Width of the graph teacher's hidden layer.
     dropnode
-        Probability that a node's features are dropped in a random view.
+        Probability that a node's features are dropped in one of the graph teacher's random views.
     views
-        Random views per step.
+        Random views per graph-teacher step.
     consistency
-        Weight of the consistency term.
+        Weight of the graph teacher's consistency term.
     temperature
-        Sharpening temperature of the views' mean distribution.
+        Sharpening temperature of the mean distribution of the graph teacher's views.
     dropout
-        Dropout of the hidden layer.
+        Dropout of the graph teacher's hidden layer.
     epochs
-        Full-graph training steps; the weights with the best validation accuracy are kept.
-    lr, weight_decay
-        Adam's learning rate and weight decay.
+        Full-graph training steps of the graph teacher; the weights with the best validation accuracy are kept.
+    lr
+        Learning rate of the graph teacher's Adam optimizer.
+    weight_decay
+        Weight decay of the graph teacher's Adam optimizer.
     """
 
     order: int = 2
@@ -68,7 +71,7 @@ class GraphTeacherSettings:
     weight_decay: float = 5e-4
 
     def __post_init__(self) -> None:
-        checks = (
+        check_settings("graph teacher", (
             (int(self.order) >= 0, f"order {self.order!r}, expected an integer >= 0"),
             (int(self.hidden) >= 1, f"hidden {self.hidden!r}, expected an integer >= 1"),
             (0.0 <= self.dropnode < 1.0, f"dropnode {self.dropnode!r}, expected a value in [0, 1)"),
@@ -79,10 +82,7 @@ class GraphTeacherSettings:
             (int(self.epochs) >= 1, f"epochs {self.epochs!r}, expected an integer >= 1"),
             (self.lr > 0, f"lr {self.lr!r}, expected > 0"),
             (self.weight_decay >= 0, f"weight_decay {self.weight_decay!r}, expected >= 0"),
-        )
-        for ok, msg in checks:
-            if not ok:
-                raise ConfigError(f"graph teacher: {msg}")
+        ))
 
 
 def _torch_adjacency(edges: np.ndarray, n_nodes: int) -> Any:

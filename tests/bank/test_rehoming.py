@@ -20,6 +20,7 @@ import pytest
 from carls_dask.bank import Column, KnowledgeBank, TableSpec
 from carls_dask.bank.transport import ShardCall
 from carls_dask.errors import ShardLostError
+from tests.processes import wait_for
 
 REHOME_TIMEOUT = 60.0
 
@@ -61,10 +62,8 @@ def kill_worker(client: Any, address: str) -> int:
 
 
 def wait_gone(client: Any, address: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while address in workers(client):
-        assert time.monotonic() < deadline, f"worker {address} still registered {timeout}s after SIGKILL"
-        time.sleep(0.1)
+    wait_for(lambda: address not in workers(client), lambda: f"worker {address} still registered {timeout}s after SIGKILL",
+             timeout)
 
 
 def keys_of_shard(bank: KnowledgeBank, shard: int, n: int) -> np.ndarray:
@@ -139,14 +138,14 @@ def test_a_task_copy_rehomes_while_writing_and_the_creator_adopts(client: Any, t
         progress = "rehoming-test-progress"
         fut = client.submit(_writer, bank, keys, 150, progress, workers=[b], pure=False)
         var = Variable(progress, client=client)
-        deadline = time.monotonic() + 60
-        while True:  # kill shard 0's worker while the writer runs
+        def written_20() -> bool:
+            assert not fut.done(), f"the writer ended early: {fut}"
             try:
-                if int(var.get(timeout=1)) >= 20:
-                    break
+                return int(var.get(timeout=1)) >= 20
             except TimeoutError:
-                pass
-            assert time.monotonic() < deadline and not fut.done(), "the writer made no progress"
+                return False
+
+        wait_for(written_20, "the writer's 20th write", 60, interval=0)  # kill shard 0's worker while it runs
         killed_at = int(var.get(timeout=5))
         kill_worker(client, a)
         out = fut.result(timeout=REHOME_TIMEOUT + 60)
@@ -274,13 +273,15 @@ def lifetime_handover(client: Any, leaves: str, stays: str, root: pathlib.Path, 
     keys = np.concatenate([keys_of_shard(bank, 0, 8), keys_of_shard(bank, 1, 8)])
     acked: dict[int, float] = {}
     i = 0
-    deadline = time.monotonic() + timeout
-    while leaves in workers(client) or i < 5:  # write until the worker has gone, and a little after
-        assert time.monotonic() < deadline, "the worker did not end at its lifetime"
+
+    def write_once_more() -> bool:  # write until the worker has gone, and a little after
+        nonlocal i
         bank.update("nodes", keys, {"embedding": np.full((keys.size, 4), float(i), np.float32)})
         acked.update({int(k): float(i) for k in keys})
         i += 1
-        time.sleep(0.05)
+        return leaves not in workers(client) and i >= 5
+
+    wait_for(write_once_more, "the worker ending at its lifetime", timeout, interval=0.05)
     gone_at = time.time()
     stats = bank.stats()["rehoming"]
     assert stats["count"] == 1, f"{i} writes, {leaves} gone, workers now {workers(client)}, re-homing {stats}"

@@ -269,7 +269,7 @@ _KERNEL_CELLS = [
 import asyncio, json, pathlib
 from distributed import Client, LocalCluster
 from carls_dask import Workbench
-from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer, digits_table
+from carls_dask.examples.digits import DigitsMaker, DigitsTrainer, digits_table
 run = pathlib.Path(RUN)
 cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0")
 client = Client(cluster)

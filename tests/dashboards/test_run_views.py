@@ -162,7 +162,7 @@ def _old_run(path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, t_end: float) 
 def test_a_finished_runs_row_ages_are_measured_to_its_last_write(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     t_end = time.time() - 3600  # the run ended an hour ago
     run = _old_run(tmp_path / "run", monkeypatch, t_end)
-    (run / "result.json").write_text(json.dumps({"schema": "carls-dask/result/1"}))
+    (run / "result.json").write_text(json.dumps({"schema": "carls-dask/result/2"}))
     reader = RunReader(run)
     assert reader.finished() and reader.last_write() == pytest.approx(t_end)
     view = HealthView(reader=reader)

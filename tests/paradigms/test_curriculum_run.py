@@ -22,7 +22,7 @@ from tests.processes import wait_for
 
 #: The keys of ``result.json`` (carls_dask.runtime.runner).
 RESULT_KEYS = {"schema", "paradigm", "variant", "seed", "driver", "settings", "figures", "loops", "snapshots",
-               "resumed_from", "versions", "started", "ended", "wall_seconds"}
+               "resumed_from", "versions", "started", "ended", "wall_seconds", "run_id", "reasons", "segments"}
 
 
 def _digits(variant: str = "curriculum+clean", **kw: Any) -> CurriculumSettings:

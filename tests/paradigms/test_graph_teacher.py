@@ -9,7 +9,6 @@ import pytest
 
 from carls_dask.errors import ConfigError, InvalidShapeError
 from carls_dask.paradigms.data.planetoid import PlanetoidGraph, load_planetoid
-from carls_dask.paradigms.semi_supervised.core import SemiSupervisedConfig
 from carls_dask.paradigms.semi_supervised.paradigm import SemiSupervised
 from carls_dask.paradigms.semi_supervised.teacher import GraphTeacherSettings, train_graph_teacher
 from carls_dask.runtime import run_inline
@@ -62,11 +61,13 @@ def test_bad_teacher_input_is_refused_with_what_was_given() -> None:
         train_graph_teacher(x, edges, [0, 7], labels, [2, 3])
     with pytest.raises(ConfigError, match=r"graph teacher: dropnode 1.0, expected a value in \[0, 1\)"):
         GraphTeacherSettings(dropnode=1.0)
-    with pytest.raises(ConfigError, match=r"semi-supervised config: pseudo_teacher 'oracle', expected one of "
+    with pytest.raises(ConfigError, match=r"semi-supervised settings: pseudo.teacher 'oracle', expected one of "
                                           r"\('student', 'graph'\)"):
-        SemiSupervisedConfig(pseudo_teacher="oracle")
-    with pytest.raises(ConfigError, match=r"teacher_epochs 0, expected an integer >= 1"):
-        SemiSupervisedConfig(teacher_epochs=0)
+        PARADIGM.settings(None, pseudo_teacher="oracle")
+    with pytest.raises(ConfigError, match=r"graph teacher: epochs 0, expected an integer >= 1"):
+        PARADIGM.settings(None, {"teacher_epochs": "0"})
+    with pytest.raises(ConfigError, match=r"graph teacher: views 0, expected an integer >= 1"):
+        PARADIGM.settings(None, {"graph_teacher.views": "0"})
 
 
 @pytest.mark.slow

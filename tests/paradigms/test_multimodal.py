@@ -25,7 +25,7 @@ LIMIT = 40
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    folder = tmp_path_factory.mktemp("data") / "multimodal"  # where carls.data.dir=<data> puts the caches
+    folder = tmp_path_factory.mktemp("cache") / "multimodal"  # where carls.data.cache=<cache> puts the caches
     folder.mkdir()
     return folder
 
@@ -143,7 +143,7 @@ def test_recall_at_k_counts_ties_against_the_query() -> None:
 # -- training ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def corpus_spec(cache_dir: pathlib.Path):  # type: ignore[no-untyped-def]
-    from carls_dask.paradigms.multimodal.loops import CorpusSpec
+    from carls_dask.paradigms.multimodal.data import CorpusSpec
 
     return CorpusSpec(size=32, limit=LIMIT, n_test=8, seed=1, cache_dir=str(cache_dir))
 
@@ -151,7 +151,7 @@ def corpus_spec(cache_dir: pathlib.Path):  # type: ignore[no-untyped-def]
 def test_validation_split_is_held_out_by_concept_and_leaves_test_unchanged(corpus_spec) -> None:  # type: ignore[no-untyped-def]
     import dataclasses
 
-    from carls_dask.paradigms.multimodal.loops import load_corpus
+    from carls_dask.paradigms.multimodal.data import load_corpus
 
     plain = load_corpus(corpus_spec)
     c = load_corpus(dataclasses.replace(corpus_spec, n_val=8))
@@ -167,9 +167,9 @@ def test_validation_split_is_held_out_by_concept_and_leaves_test_unchanged(corpu
 
 
 def test_dual_encoder_learns_to_align_its_training_pairs(corpus_spec) -> None:  # type: ignore[no-untyped-def]
+    from carls_dask.paradigms.multimodal.data import load_corpus
     from carls_dask.paradigms.multimodal.features import FEATURE_DIM
-    from carls_dask.paradigms.multimodal.loops import load_corpus
-    from carls_dask.paradigms.multimodal.model import DualEncoder
+    from carls_dask.paradigms.multimodal.models import DualEncoder
 
     torch.manual_seed(0)
     c = load_corpus(corpus_spec)
@@ -210,12 +210,8 @@ def test_trainer_rejects_bad_settings(corpus_spec) -> None:  # type: ignore[no-u
 def test_bank_negatives_are_encoded_by_the_current_model(client, corpus_spec) -> None:  # type: ignore[no-untyped-def]
     """The bank gives keys (a sample, or top-k by the maker's embeddings); the trainer encodes them itself."""
     from carls_dask.bank import KnowledgeBank
-    from carls_dask.paradigms.multimodal.loops import (
-        ContrastiveTrainer,
-        CorpusMaker,
-        corpus_tables,
-        initialise_bank,
-    )
+    from carls_dask.paradigms.multimodal.loops import ContrastiveTrainer, CorpusMaker
+    from carls_dask.paradigms.multimodal.tables import corpus_tables, initialise_bank
     from carls_dask.runtime import LocalModelChannel, LoopContext, ThreadStop
 
     bank = KnowledgeBank.create(client, corpus_tables(16), n_shards=2)
@@ -282,8 +278,9 @@ def _settings(cache_dir: pathlib.Path, variant: str = "uniform", **overrides: ob
 def test_settings_variants_options_and_their_errors(cache_dir: pathlib.Path) -> None:
     import dataclasses
 
-    from carls_dask.paradigms.multimodal.loops import CorpusSpec
-    from carls_dask.paradigms.multimodal.paradigm import Multimodal, MultimodalSettings
+    from carls_dask.paradigms.multimodal.data import CorpusSpec
+    from carls_dask.paradigms.multimodal.paradigm import Multimodal
+    from carls_dask.paradigms.multimodal.settings import MultimodalSettings
     from carls_dask.runtime import get_paradigm
 
     p = get_paradigm("multimodal")
@@ -340,7 +337,7 @@ def test_tables_and_loops_follow_the_settings(cache_dir: pathlib.Path) -> None:
         "hard", 60, 5, 10, 16)
     assert (classifier.max_steps, classifier.eval_every, classifier.dim) == (30, 5, 16)
     assert [type(lp).__name__ for lp in p.loops(_settings(cache_dir))] == ["ContrastiveTrainer", "CorpusMaker"]
-    with dask.config.set({"carls.data.dir": str(cache_dir.parent)}):
+    with dask.config.set({"carls.data.cache": str(cache_dir.parent)}):
         resolved = p.prepare(dataclasses.replace(_settings(cache_dir), cache_dir=None))
     assert resolved.cache_dir == str(cache_dir), "resolved on the client, so every loop gets the same folder"
 
@@ -369,9 +366,9 @@ def test_inline_runs_are_deterministic_and_a_resumed_run_equals_an_uninterrupted
     assert _reproducible(again.figures) == _reproducible(whole.figures)
     # bank negatives from the step after the first published version (10) and its maker round
     assert (whole["steps"], whole["bank_steps"], whole["classifier_steps"], whole["maker_rounds"]) == (40, 30, 15, 4)
-    assert first["steps"] == 20 and resumed.resumed_from == 20 and resumed.loops["trainer"]["steps"] == 20
-    assert resumed["maker_rounds"] == 2, "the resumed run's own rounds: versions at steps 30 and 40"
-    same = _reproducible(resumed.figures) | {"maker_rounds": 4}
+    assert first["steps"] == 20 and resumed.resumed_from == 20 and resumed.loops["trainer"]["steps"] == 40
+    assert resumed.segments[-1]["figures"]["maker_rounds"] == 2, "the extension's own rounds: versions 30 and 40"
+    same = _reproducible(resumed.figures)  # maker rounds add up over the two segments
     assert same == _reproducible(whole.figures), {k: (v, whole.figures[k]) for k, v in same.items()
                                                   if whole.figures[k] != v}
     assert all(isinstance(whole[m], float) for m in (*RECALLS, *(f"val_{m}" for m in RECALLS)))
@@ -405,7 +402,7 @@ def test_minilm_features_feed_the_bank_and_the_text_head(cache_dir: pathlib.Path
     import dataclasses
 
     from carls_dask.paradigms.data.sentences import SENTENCE_DIM, encode_sentences
-    from carls_dask.paradigms.multimodal.loops import load_corpus
+    from carls_dask.paradigms.multimodal.data import load_corpus
     from carls_dask.paradigms.multimodal.paradigm import Multimodal
     from carls_dask.runtime import run_inline
     from carls_dask.storage import open_bank
@@ -483,7 +480,7 @@ def test_bank_negatives_beat_in_batch_negatives_on_the_validation_split() -> Non
     assert mean["uniform"] >= 1.1 * mean["in-batch"], mean
 
 RESULT_KEYS = {"schema", "paradigm", "variant", "seed", "driver", "settings", "figures", "loops", "snapshots",
-               "resumed_from", "versions", "started", "ended", "wall_seconds"}
+               "resumed_from", "versions", "started", "ended", "wall_seconds", "run_id", "reasons", "segments"}
 
 
 def _reject(constant: str) -> object:
@@ -497,7 +494,8 @@ def test_workbench_run_writes_a_strict_json_result_snapshots_and_the_bank(
 
     from carls_dask.bank import to_int64_keys
     from carls_dask.paradigms.data.openmoji import cldr_concepts
-    from carls_dask.paradigms.multimodal.loops import dual_encoder, load_corpus
+    from carls_dask.paradigms.multimodal.data import load_corpus
+    from carls_dask.paradigms.multimodal.models import dual_encoder
     from carls_dask.paradigms.multimodal.paradigm import RECALLS, Multimodal
     from carls_dask.runtime import run_paradigm
     from carls_dask.storage import list_snapshots, open_bank, open_metrics
@@ -512,7 +510,7 @@ def test_workbench_run_writes_a_strict_json_result_snapshots_and_the_bank(
     data = json.loads(text, parse_constant=_reject)
     assert set(data) == RESULT_KEYS and data == result.to_json()
     assert (data["schema"], data["paradigm"], data["variant"], data["driver"], data["seed"]) == (
-        "carls-dask/result/1", "multimodal", "hard", "workbench", 1)
+        "carls-dask/result/2", "multimodal", "hard", "workbench", 1)
     assert data["settings"]["negatives"] == "hard" and data["settings"]["cache_dir"] == str(cache_dir)
     assert json.loads((run / "request.json").read_text())["settings"] == data["settings"]
     assert {n: (lp["kind"], lp["steps"]) for n, lp in data["loops"].items()} == {

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,11 +12,7 @@ import torch
 
 from carls_dask.errors import ConfigError, CorruptStoreError, InvalidShapeError, StoreNotFoundError
 from carls_dask.paradigms.data.planetoid import find_data_dir, load_planetoid
-from carls_dask.paradigms.semi_supervised.core import (
-    NodeClassifierCore,
-    SemiSupervisedConfig,
-    expand_neighbour_rows,
-)
+from carls_dask.paradigms.semi_supervised.core import NodeClassifierCore, expand_neighbour_rows
 from carls_dask.paradigms.semi_supervised.loops import PseudoLabelMaker
 from carls_dask.paradigms.semi_supervised.loss import (
     graph_regularization,
@@ -32,6 +30,14 @@ from carls_dask.paradigms.semi_supervised.pseudo_labels import (
     sharpen,
     soft_pseudo_labels,
 )
+from carls_dask.paradigms.semi_supervised.settings import SemiSupervisedSettings
+from carls_dask.runtime.settings import settings_from_options
+
+
+def config(**values: Any) -> SemiSupervisedSettings:
+    """Settings from keyword values, the flat names of before the groups included (as ``-o`` reads them)."""
+    result: SemiSupervisedSettings = settings_from_options(SemiSupervisedSettings, {}, base=values)
+    return result
 
 
 def _data_dir() -> pathlib.Path:
@@ -71,38 +77,17 @@ def test_citeseer_loads() -> None:
 def test_loader_errors_name_what_was_given(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match=r"'pubmed'.*cora, citeseer"):
         load_planetoid("pubmed", tmp_path)
-    with pytest.raises(StoreNotFoundError, match=r"data_dir argument: " + str(tmp_path)):
+    with pytest.raises(StoreNotFoundError, match=rf"data folder {tmp_path} \(the data_dir setting\): holds no "
+                                                 r"'planetoid' folder"):
         load_planetoid("cora", tmp_path)
-    monkeypatch.setenv("CARLS_DATA_DIR", str(tmp_path / "nowhere"))
-    import dask.config
-
-    import carls_dask.paradigms.data.planetoid as planetoid
-
-    monkeypatch.setattr(planetoid, "_REPO_ROOT", tmp_path / "repo")
-
-    with dask.config.set({"carls.data.dir": str(tmp_path / "configured")}):
-        with pytest.raises(StoreNotFoundError) as info:
-            find_data_dir()
-    msg = str(info.value)
-    assert "carls.data.dir setting" in msg and "CARLS_DATA_DIR" in msg and str(tmp_path / "nowhere") in msg
-    assert str(tmp_path / "shared" / "data") in msg  # the last resort beside the repository
+    with pytest.raises(StoreNotFoundError, match=rf"{tmp_path / 'gone'}, set by the data_dir setting, does not exist"):
+        load_planetoid("cora", tmp_path / "gone")
     (tmp_path / "planetoid").mkdir()
     with pytest.raises(StoreNotFoundError, match=r"cora\.npz"):
         load_planetoid("cora", tmp_path)
     np.savez(tmp_path / "planetoid" / "cora.npz", y=np.zeros(3))
     with pytest.raises(CorruptStoreError, match=r"missing arrays.*x_data"):
         load_planetoid("cora", tmp_path)
-
-
-def test_config_setting_and_env_var_are_used(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import dask.config
-
-    (tmp_path / "a" / "planetoid").mkdir(parents=True)
-    (tmp_path / "b" / "planetoid").mkdir(parents=True)
-    monkeypatch.setenv("CARLS_DATA_DIR", str(tmp_path / "b"))
-    assert find_data_dir() == tmp_path / "b"
-    with dask.config.set({"carls.data.dir": str(tmp_path / "a")}):
-        assert find_data_dir() == tmp_path / "a"
 
 
 # -- neighbours -------------------------------------------------------------------------------------
@@ -318,47 +303,47 @@ def test_soft_target_loss_is_the_weighted_cross_entropy_against_the_targets() ->
 
 
 def test_pseudo_label_share_waits_for_the_warm_up_then_ramps() -> None:
-    cfg = SemiSupervisedConfig(pseudo_labels=True, pseudo_selection="balanced", pseudo_fraction=0.4,
+    cfg = config(pseudo_labels=True, pseudo_selection="balanced", pseudo_fraction=0.4,
                                pseudo_warmup=20, pseudo_ramp=40)
     maker = PseudoLabelMaker(config=cfg)
     assert [maker.fraction_at(s) for s in (0, 19, 20, 40, 60, 100)] == pytest.approx([0, 0, 0, 0.2, 0.4, 0.4])
-    cfg.pseudo_ramp = 0
+    maker.config = dataclasses.replace(cfg, pseudo=dataclasses.replace(cfg.pseudo, ramp=0))
     assert [maker.fraction_at(s) for s in (19, 20)] == pytest.approx([0, 0.4])
 
 
 # -- core -------------------------------------------------------------------------------------------
 def test_config_rejects_bad_values() -> None:
     with pytest.raises(ConfigError, match="mode 'graph'"):
-        SemiSupervisedConfig(mode="graph")
+        config(mode="graph")
     with pytest.raises(ConfigError, match="k 0"):
-        SemiSupervisedConfig(k=0)
+        config(k=0)
     with pytest.raises(ConfigError, match="pseudo_labels need mode 'bank'"):
-        SemiSupervisedConfig(mode="in-graph", pseudo_labels=True)
+        config(mode="in-graph", pseudo_labels=True)
     with pytest.raises(ConfigError, match=r"neighbour_temperature 0\.0, expected > 0"):
-        SemiSupervisedConfig(neighbour_temperature=0.0)
-    with pytest.raises(ConfigError, match=r"pseudo_selection 'top', expected one of \('threshold', 'balanced', 'soft', 'auto'\)"):
-        SemiSupervisedConfig(pseudo_selection="top")
-    with pytest.raises(ConfigError, match=r"pseudo_fraction 1\.2"):
-        SemiSupervisedConfig(pseudo_fraction=1.2)
-    with pytest.raises(ConfigError, match=r"pseudo_alpha 1\.0"):
-        SemiSupervisedConfig(pseudo_alpha=1.0)
-    with pytest.raises(ConfigError, match=r"pseudo_warmup -1"):
-        SemiSupervisedConfig(pseudo_warmup=-1)
-    with pytest.raises(ConfigError, match=r"pseudo_temperature 0\.0, expected > 0"):
-        SemiSupervisedConfig(pseudo_temperature=0.0)
+        config(neighbour_temperature=0.0)
+    with pytest.raises(ConfigError, match=r"pseudo.selection 'top', expected one of \('threshold', 'balanced', 'soft', 'auto'\)"):
+        config(pseudo_selection="top")
+    with pytest.raises(ConfigError, match=r"pseudo.fraction 1\.2"):
+        config(pseudo_fraction=1.2)
+    with pytest.raises(ConfigError, match=r"pseudo.alpha 1\.0"):
+        config(pseudo_alpha=1.0)
+    with pytest.raises(ConfigError, match=r"pseudo.warmup -1"):
+        config(pseudo_warmup=-1)
+    with pytest.raises(ConfigError, match=r"pseudo.temperature 0\.0, expected > 0"):
+        config(pseudo_temperature=0.0)
     with pytest.raises(ConfigError, match=r"graph_warmup -5, expected an integer >= 0"):
-        SemiSupervisedConfig(graph_warmup=-5)
-    with pytest.raises(ConfigError, match=r"propagation_steps -1"):
-        SemiSupervisedConfig(propagation_steps=-1)
-    with pytest.raises(ConfigError, match=r"pseudo_correct_alpha 1\.0, expected a value in \[0, 1\)"):
-        SemiSupervisedConfig(pseudo_correct_alpha=1.0)
-    with pytest.raises(ConfigError, match=r"pseudo_correct_scale -0\.5, expected >= 0"):
-        SemiSupervisedConfig(pseudo_correct_scale=-0.5)
+        config(graph_warmup=-5)
+    with pytest.raises(ConfigError, match=r"pseudo.propagation_steps -1"):
+        config(propagation_steps=-1)
+    with pytest.raises(ConfigError, match=r"pseudo.correct_alpha 1\.0, expected a value in \[0, 1\)"):
+        config(pseudo_correct_alpha=1.0)
+    with pytest.raises(ConfigError, match=r"pseudo.correct_scale -0\.5, expected >= 0"):
+        config(pseudo_correct_scale=-0.5)
 
 
 def test_core_variants_train_and_bank_mode_uses_the_given_neighbours(cora) -> None:  # type: ignore[no-untyped-def]
     torch.set_num_threads(1)
-    cfg = SemiSupervisedConfig(mode="in-graph", k=2, steps=30, unlabelled_batch=128, eval_every=10)
+    cfg = config(mode="in-graph", k=2, steps=30, unlabelled_batch=128, eval_every=10)
     core = NodeClassifierCore(cora, cfg)
     batch = core.sample_batch()
     assert batch[:140].tolist() == cora.train.tolist() and len(set(batch)) == 140 + 128
@@ -370,7 +355,7 @@ def test_core_variants_train_and_bank_mode_uses_the_given_neighbours(cora) -> No
     core.evaluate()
     assert core.best_test_accuracy() > 0.4  # 7 classes: chance is about 0.14-0.3
     # bank mode: the graph term is exactly the loss against the neighbour logits passed in
-    bank = NodeClassifierCore(cora, SemiSupervisedConfig(mode="bank", k=3, unlabelled_batch=16, lr=1e-9))
+    bank = NodeClassifierCore(cora, config(mode="bank", k=3, unlabelled_batch=16, lr=1e-9))
     b = bank.sample_batch()
     slots, _, uniq = bank.neighbour_keys(b)
     with torch.no_grad():
@@ -389,7 +374,7 @@ def test_neighbour_temperature_sharpens_the_bank_targets(cora) -> None:  # type:
     torch.set_num_threads(1)
     terms = {}
     for temp in (1.0, 0.5):
-        core = NodeClassifierCore(cora, SemiSupervisedConfig(mode="bank", k=3, unlabelled_batch=32, lr=1e-9,
+        core = NodeClassifierCore(cora, config(mode="bank", k=3, unlabelled_batch=32, lr=1e-9,
                                                              dropout=0.0, neighbour_temperature=temp))
         b = core.sample_batch()
         slots, weights, uniq = core.neighbour_keys(b)
@@ -406,14 +391,14 @@ def test_neighbour_temperature_sharpens_the_bank_targets(cora) -> None:  # type:
 
 def test_graph_warmup_leaves_the_graph_term_out_then_adds_it(cora) -> None:  # type: ignore[no-untyped-def]
     torch.set_num_threads(1)
-    core = NodeClassifierCore(cora, SemiSupervisedConfig(mode="in-graph", k=2, unlabelled_batch=16, graph_warmup=2))
+    core = NodeClassifierCore(cora, config(mode="in-graph", k=2, unlabelled_batch=16, graph_warmup=2))
     outs = [core.train_step(core.sample_batch()) for _ in range(3)]
     assert ["graph" in o for o in outs] == [False, False, True]
 
 
 def test_soft_targets_drive_the_pseudo_term(cora) -> None:  # type: ignore[no-untyped-def]
     torch.set_num_threads(1)
-    cfg = SemiSupervisedConfig(mode="bank", k=2, unlabelled_batch=8, pseudo_labels=True, pseudo_selection="soft",
+    cfg = config(mode="bank", k=2, unlabelled_batch=8, pseudo_labels=True, pseudo_selection="soft",
                                dropout=0.0, lr=1e-9)
     core = NodeClassifierCore(cora, cfg)
     b = core.sample_batch()

@@ -7,7 +7,6 @@ import os
 import pathlib
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +16,10 @@ import pytest
 
 from carls_dask.errors import ConfigError
 from carls_dask.paradigms.semi_supervised.paradigm import ALL_NODES, SemiSupervised
+from carls_dask.paradigms.semi_supervised.settings import SemiSupervisedSettings
 from carls_dask.runtime import run_inline, run_paradigm
+from carls_dask.runtime.settings import settings_from_json, settings_to_json
+from tests.processes import wait_until
 
 PARADIGM = SemiSupervised()
 
@@ -121,35 +123,54 @@ def test_a_run_resumed_from_its_newest_checkpoint_ends_as_an_uninterrupted_one(d
         resumed = resume_run(tmp_path / "cut", steps=50)
         straight = run_inline(PARADIGM, PARADIGM.settings("bank+pseudo", steps=50, **small),
                               run_dir=tmp_path / "straight")
-    assert resumed.resumed_from == 30 and resumed.loops["trainer"]["steps"] == 20
+    assert resumed.resumed_from == 30 and resumed.loops["trainer"]["steps"] == 50  # over both segments
+    assert [seg["loops"]["trainer"]["steps"] for seg in resumed.segments] == [30, 20]
     for key in ("test_acc", "best_val_acc", "best_step", "pl_precision", "pl_coverage"):
         assert resumed[key] == straight[key], key
+
+
+def test_settings_a_run_folder_kept_before_the_groups_are_read_the_same() -> None:
+    """``request.json`` of a run written when every setting was flat (``pseudo_weight``, ``teacher_epochs``)
+    gives the settings a run written today keeps, so such a run resumes unchanged."""
+    new = PARADIGM.settings(None, {"dataset": "citeseer", "pseudo.weight": "2", "graph_teacher.epochs": "50"})
+    saved = json.loads(json.dumps(settings_to_json(new)))
+    assert settings_from_json(SemiSupervisedSettings, saved) == new
+    old_name = {new_name: old for old, new_name in SemiSupervisedSettings.renamed.items()}
+    flat = {k: v for k, v in saved.items() if k not in ("pseudo", "graph_teacher")}
+    flat.update({old_name[f"pseudo.{k}"]: v for k, v in saved["pseudo"].items()})
+    flat["teacher_epochs"] = 50
+    assert settings_from_json(SemiSupervisedSettings, flat) == new
 
 
 def test_settings_variants_and_options() -> None:
     s = PARADIGM.settings(None, {"dataset": "citeseer", "k": "10", "hidden": "128,32", "threshold": "0.8",
                                  "steps": "50"})
-    assert (s.dataset, s.k, s.hidden, s.pseudo_labels, s.threshold, s.steps) == ("citeseer", 10, (128, 32), True,
-                                                                                  0.8, 50)
+    assert (s.dataset, s.k, s.hidden, s.pseudo_labels, s.pseudo.threshold, s.steps) == (
+        "citeseer", 10, (128, 32), True, 0.8, 50)
     assert PARADIGM.settings("base").pseudo_labels is False and PARADIGM.settings("base").mode == "base"
     bank = PARADIGM.settings()
-    assert (bank.unlabelled_batch, bank.neighbour_temperature, bank.threshold, bank.pseudo_selection,
-            bank.pseudo_weight) == (ALL_NODES, 0.5, 0.99, "soft", 10.0)
+    assert (bank.unlabelled_batch, bank.neighbour_temperature, bank.pseudo.threshold, bank.pseudo.selection,
+            bank.pseudo.weight) == (ALL_NODES, 0.5, 0.99, "soft", 10.0)
     # "auto" is the data set's preset: balanced hard labels on WordNet; an explicit weight is kept
     wn = PARADIGM.settings(None, {"dataset": "wordnet-tfidf"})
-    assert (wn.pseudo_selection, wn.pseudo_weight, wn.pseudo_fraction, wn.pseudo_ramp, wn.pseudo_agreement) == (
+    assert (wn.pseudo.selection, wn.pseudo.weight, wn.pseudo.fraction, wn.pseudo.ramp, wn.pseudo.agreement) == (
         "balanced", 0.5, 0.4, 50, False)
-    assert PARADIGM.settings(None, {"dataset": "wordnet", "pseudo_weight": "2"}).pseudo_weight == 2.0
-    assert (bank.pseudo_temperature, bank.pseudo_alpha, wn.pseudo_alpha) == (0.6, 0.8, 0.9)
-    assert (bank.pseudo_correct_alpha, bank.pseudo_correct_scale, bank.propagation_steps) == (0.99, 0.0, 50)
-    assert (wn.pseudo_correct_alpha, wn.propagation_steps) == (0.0, 10)  # no correct step on WordNet
+    assert wn.unlabelled_batch == 2048  # "every unlabelled node" means WordNet's batch there
+    assert PARADIGM.settings(None, {"dataset": "wordnet", "pseudo_weight": "2"}).pseudo.weight == 2.0
+    assert PARADIGM.settings(None, {"dataset": "wordnet", "pseudo.weight": "3"}).pseudo.weight == 3.0
+    assert (bank.pseudo.temperature, bank.pseudo.alpha, wn.pseudo.alpha) == (0.6, 0.8, 0.9)
+    assert (bank.pseudo.correct_alpha, bank.pseudo.correct_scale, bank.pseudo.propagation_steps) == (0.99, 0.0, 50)
+    assert (wn.pseudo.correct_alpha, wn.pseudo.propagation_steps) == (0.0, 10)  # no correct step on WordNet
     # CiteSeer's preset is Cora's with the graph teacher; Cora and WordNet keep the student as teacher
     cs = PARADIGM.settings(None, {"dataset": "citeseer"})
-    assert (cs.pseudo_teacher, cs.pseudo_temperature, cs.pseudo_weight) == ("graph", 0.6, 10.0)
-    assert bank.pseudo_teacher == wn.pseudo_teacher == "student"
+    assert (cs.pseudo.teacher, cs.pseudo.temperature, cs.pseudo.weight) == ("graph", 0.6, 10.0)
+    assert bank.pseudo.teacher == wn.pseudo.teacher == "student"
     kept = PARADIGM.settings(None, {"pseudo_temperature": "0.3"})  # a field set by hand keeps its value
-    assert (kept.pseudo_temperature, kept.pseudo_alpha) == (0.3, 0.8)
-    assert PARADIGM.settings(None, {"dataset": "cora", "pseudo_selection": "balanced"}).pseudo_weight == 0.5
+    assert (kept.pseudo.temperature, kept.pseudo.alpha) == (0.3, 0.8)
+    assert PARADIGM.settings(None, {"dataset": "cora", "pseudo_selection": "balanced"}).pseudo.weight == 0.5
+    # a group given whole, as typed overrides; the graph teacher's every setting is reachable
+    grouped = PARADIGM.settings(None, pseudo={"temperature": 0.3}, **{"graph_teacher.epochs": 50})
+    assert (grouped.pseudo.temperature, grouped.graph_teacher.epochs, grouped.graph_teacher.order) == (0.3, 50, 2)
     assert PARADIGM.settings("in-graph").unlabelled_batch == 512
     with pytest.raises(ConfigError, match=r"'colour'='red': unknown; expected one of"):
         PARADIGM.settings(None, {"colour": "red"})
@@ -246,12 +267,9 @@ def _kill_during(client: Any, run: pathlib.Path, after_step: int, pick: Any) -> 
 
     def kill() -> None:
         target = run / "checkpoints" / "trainer" / f"step-{after_step:09d}.pt"
-        deadline = time.monotonic() + 300
-        while not target.exists():
-            if time.monotonic() > deadline:
-                info["error"] = f"{target} never appeared"
-                return
-            time.sleep(0.05)
+        if not wait_until(target.exists, 300, interval=0.05):
+            info["error"] = f"{target} never appeared"
+            return
         worker = pick(client.run_on_scheduler(_holders))
         pid = client.run(os.getpid, workers=[worker])[worker]
         info["worker"] = worker

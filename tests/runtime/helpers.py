@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import time
-
 from carls_dask.runtime import Workbench
+from tests.processes import wait_for
 
 
 def run_until_knowledge_flows(wb: Workbench, min_steps: int, timeout: float = 300) -> None:
@@ -12,13 +11,11 @@ def run_until_knowledge_flows(wb: Workbench, min_steps: int, timeout: float = 30
 
     The trainer runs until stopped, so how fast the maker's worker starts cannot decide the outcome.
     """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def flowing() -> bool:
         status = wb.status()
         if status["trainer"].future == "error" or status["maker"].future == "error":
             wb.results()  # raises the loop's failure
         t, m = status["trainer"].progress, status["maker"].progress
-        if t.get("step", 0) >= min_steps and t.get("bank_found", 0) == 1.0 and m.get("round", 0) >= 2:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"knowledge did not flow within {timeout}s: {wb.status()}")
+        return t.get("step", 0) >= min_steps and t.get("bank_found", 0) == 1.0 and m.get("round", 0) >= 2
+
+    wait_for(flowing, lambda: f"knowledge did not flow within {timeout}s: {wb.status()}", timeout)

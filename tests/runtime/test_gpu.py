@@ -15,6 +15,7 @@ import dask.config
 import pytest
 import torch
 
+from carls_dask.examples.digits import DigitsMaker, DigitsTrainer, digits_table
 from carls_dask.runtime import (
     LocalModelChannel,
     LoopContext,
@@ -24,7 +25,6 @@ from carls_dask.runtime import (
     pick_device,
     run_trainer,
 )
-from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer, digits_table
 from tests.runtime.helpers import run_until_knowledge_flows
 
 MIN_STEPS = 300  # trainer steps (with the maker's knowledge read back) before a run is stopped

@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import re
+import subprocess
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
+import dask.config
 import pytest
 
 from carls_dask.cli import main
@@ -19,7 +22,16 @@ from carls_dask.runtime.registry import (
     register_paradigm,
     unregister_paradigm,
 )
-from carls_dask.runtime.settings import describe_settings, field_docs, settings_from_options
+from carls_dask.runtime.settings import (
+    check_settings,
+    describe_settings,
+    field_docs,
+    get_setting,
+    settings_from_json,
+    settings_from_options,
+    settings_to_json,
+)
+from tests.processes import CARLS_DASK, console_env
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +127,64 @@ def test_settings_parse_typed_values_and_name_the_bad_one() -> None:
     assert (info["widths"].type, info["note"].type, info["steps"].default) == ("ints a,b,...", "str or none", 30)
 
 
+@dataclasses.dataclass(frozen=True)
+class Noise:
+    """Noise added to the target.
+
+    Attributes
+    ----------
+    scale
+        Standard deviation of the ``noise`` (see :func:`numpy.random.normal`).
+    seed
+        Seed of the noise.
+    """
+
+    scale: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_settings("noise", ((self.scale >= 0, f"scale {self.scale!r}, expected >= 0"),))
+
+
+@dataclasses.dataclass(frozen=True)
+class NoisyLineSettings:
+    """Fit a line to a noisy target.
+
+    Attributes
+    ----------
+    steps
+        Trainer steps.
+    noise
+        The noise.
+    """
+
+    renamed: ClassVar[dict[str, str]] = {"noise_scale": "noise.scale"}
+
+    steps: int = 30
+    noise: Noise = dataclasses.field(default_factory=Noise)
+
+
+def test_a_group_is_named_group_dot_field_and_old_names_still_work() -> None:
+    s = settings_from_options(NoisyLineSettings, {"noise.scale": "0.5", "noise.seed": "3"})
+    assert s.noise == Noise(0.5, 3) and s.steps == 30
+    assert settings_from_options(NoisyLineSettings, {"noise_scale": "0.25"}).noise == Noise(0.25, 0)
+    assert settings_from_options(NoisyLineSettings, {}, base={"noise": {"seed": 4}}).noise == Noise(0.0, 4)
+    assert settings_from_options(NoisyLineSettings, {"noise.seed": "5"}, base={"noise": Noise(1.0, 4)}).noise == \
+        Noise(1.0, 5)
+    with pytest.raises(ConfigError, match=r"^noise: scale -1.0, expected >= 0$"):
+        settings_from_options(NoisyLineSettings, {"noise.scale": "-1"})
+    with pytest.raises(ConfigError, match=r"setting 'noise.colour'='red': unknown; expected one of "
+                                          r"\['noise.scale', 'noise.seed', 'steps'\]"):
+        settings_from_options(NoisyLineSettings, {"noise.colour": "red"})
+    # what a run folder keeps (groups nested), and the flat names of a folder written before the group
+    assert settings_from_json(NoisyLineSettings, settings_to_json(s)) == s
+    assert settings_from_json(NoisyLineSettings, {"steps": 30, "noise_scale": 0.5, "noise.seed": 3}) == s
+    assert [(i.name, i.default, i.meaning) for i in describe_settings(NoisyLineSettings, s)] == [
+        ("steps", 30, "Trainer steps."), ("noise.scale", 0.5, "Standard deviation of the noise (see normal)."),
+        ("noise.seed", 3, "Seed of the noise.")]
+    assert get_setting(s, "noise.seed") == 3
+
+
 def test_run_help_lists_every_setting_with_type_default_and_meaning(line: Line,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "line", "--variant", "slow", "--help"]) == 0
@@ -133,20 +203,30 @@ def test_run_writes_strict_result_json_and_prints_the_headline(line: Line, tmp_p
     assert out.startswith("line fast (seed 0): weight 2.99") and f"run folder {run}" in out
     text = (run / "result.json").read_text()
     result = json.loads(text, parse_constant=lambda c: pytest.fail(f"result.json holds {c}"))
-    assert result["schema"] == "carls-dask/result/1"
+    assert result["schema"] == "carls-dask/result/2"
     assert (result["paradigm"], result["variant"], result["driver"]) == ("line", "fast", "inline")
     assert result["settings"]["lr"] == 0.1 and result["settings"]["steps"] == 40
     assert result["figures"]["nan_figure"] is None  # NaN is written as null
     assert result["loops"]["trainer"]["steps"] == 40 and result["loops"]["trainer"]["reason"] == "max_steps"
     assert {"carls-dask", "torch", "dask"} <= set(result["versions"])
     assert result["wall_seconds"] > 0
-    # --resume continues from the newest saved state: the weight then matches 80 uninterrupted steps
+    # --resume --steps extends it from the newest saved state: the weight then matches 80 uninterrupted steps
     assert main(["run", "--resume", str(run), "--steps", "80"]) == 0
     resumed = json.loads((run / "result.json").read_text())
-    assert resumed["resumed_from"] == 40 and resumed["loops"]["trainer"]["steps"] == 40
+    assert resumed["resumed_from"] == 40 and resumed["loops"]["trainer"]["steps"] == 80
+    assert [s["loops"]["trainer"]["steps"] for s in resumed["segments"]] == [40, 40]
     straight = tmp_path / "straight"
     assert main(["run", "line", "--inline", "--run-dir", str(straight), "--steps", "80", "-o", "lr=0.1"]) == 0
     assert resumed["figures"]["weight"] == json.loads((straight / "result.json").read_text())["figures"]["weight"]
+
+
+def test_a_run_keeps_the_newest_storage_keep_snapshots_checkpoints(line: Line, tmp_path: pathlib.Path) -> None:
+    from carls_dask.runtime import run_inline
+
+    with dask.config.set({"carls.run.snapshot-every": 5, "carls.storage.keep-snapshots": 2}):
+        run_inline(line, line.settings(None, steps=30), run_dir=tmp_path / "run")
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "trainer").iterdir())
+    assert kept == ["step-000000025.pt", "step-000000030.pt"], kept
 
 
 def test_run_lists_and_refuses_without_running(line: Line, tmp_path: pathlib.Path,
@@ -165,6 +245,9 @@ def test_run_lists_and_refuses_without_running(line: Line, tmp_path: pathlib.Pat
     assert "unknown variant 'medium'; expected one of ['slow', 'fast']" in capsys.readouterr().err
     assert not run.exists()  # nothing ran after a refused request
     assert main(["run", "--resume", str(tmp_path / "nothing")]) == 1
+    assert f"resume {tmp_path / 'nothing'}: no such folder; expected a run folder" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["run", "--resume", str(tmp_path / "empty")]) == 1
     assert "no request.json there" in capsys.readouterr().err
 
 
@@ -176,3 +259,58 @@ def test_registry_refuses_duplicates_and_non_paradigms(line: Line) -> None:
     assert "line" in available_paradigms()
     assert get_paradigm("line") is line
     assert {"semi-supervised", "curriculum", "multimodal"} <= set(available_paradigms())
+
+
+# -- the help of the installed command --------------------------------------------------------------------------
+_ROW = re.compile(r"^  (?P<name>[a-z_.]+) \((?P<type>[^)]*), default (?P<default>.*)\)$")
+_MARKUP = re.compile(r"``|:[a-z]+:`")
+
+
+def _help(tmp_path: pathlib.Path, *argv: str) -> tuple[str, dict[str, tuple[str, str]]]:
+    """``carls-dask run ... --help`` as a user runs it: its text and ``{setting: (default, meaning)}``."""
+    proc = subprocess.run([CARLS_DASK, "run", *argv, "--help"], cwd=tmp_path, env=console_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows: dict[str, tuple[str, list[str]]] = {}
+    name = None
+    for line in proc.stdout.splitlines():
+        row = _ROW.match(line)
+        if row:
+            name = row["name"]
+            rows[name] = (row["default"], [])
+        elif name and line.startswith(" " * 6):
+            rows[name][1].append(line.strip())
+        else:
+            name = None
+    return proc.stdout, {k: (d, " ".join(m)) for k, (d, m) in rows.items()}
+
+
+@pytest.mark.parametrize(("paradigm", "datasets"), [
+    ("semi-supervised", ("Cora", "CiteSeer", "WordNet")),
+    ("curriculum", ("Fashion-MNIST", "digits")),
+    ("multimodal", ("OpenMoji",)),
+])
+def test_run_help_gives_each_setting_its_own_plain_words(paradigm: str, datasets: tuple[str, ...],
+                                                          tmp_path: pathlib.Path) -> None:
+    text, rows = _help(tmp_path, paradigm)
+    description = next(line for line in text.splitlines() if line.startswith(f"paradigm {paradigm}: "))
+    for dataset in datasets:
+        assert dataset in description, f"the description of {paradigm} does not name {dataset}: {description!r}"
+    settings = get_paradigm(paradigm).describe()
+    assert sorted(rows) == sorted(info.name for info in settings), "--help lists other settings than the paradigm has"
+    assert not _MARKUP.search(text), f"docstring markup in the help: {_MARKUP.findall(text)}"
+    meanings = [meaning for _, meaning in rows.values()]
+    assert all(meanings), f"settings without a meaning: {[k for k, (_, m) in rows.items() if not m]}"
+    shared = {m for m in meanings if meanings.count(m) > 1}
+    assert not shared, f"settings sharing one line of help: {shared}"
+
+
+def test_run_help_shows_the_defaults_the_chosen_data_set_uses(tmp_path: pathlib.Path) -> None:
+    _, cora = _help(tmp_path, "semi-supervised")
+    _, citeseer = _help(tmp_path, "semi-supervised", "--dataset", "citeseer")
+    _, wordnet = _help(tmp_path, "semi-supervised", "--dataset", "wordnet", "-o", "pseudo_weight=2")
+    assert (cora["dataset"][0], cora["pseudo.teacher"][0], cora["pseudo.selection"][0]) == ("cora", "student", "soft")
+    assert (citeseer["dataset"][0], citeseer["pseudo.teacher"][0]) == ("citeseer", "graph")  # its preset's teacher
+    assert (wordnet["pseudo.selection"][0], wordnet["pseudo.weight"][0], wordnet["unlabelled_batch"][0]) == (
+        "balanced", "2.0", "2048")  # the preset, the old name's value, and "every node" as WordNet reads it
+    assert cora["unlabelled_batch"][0] == "1000000" and cora["data_dir"][0] == "none"

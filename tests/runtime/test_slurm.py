@@ -11,14 +11,14 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import time
 
 import dask.config
 import numpy as np
 import pytest
 
+from carls_dask.examples.digits import DigitsMaker, DigitsTrainer, digits_table
 from carls_dask.runtime import State, Workbench
-from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer, digits_table
+from tests.processes import wait_for
 from tests.runtime.helpers import run_until_knowledge_flows
 
 pytestmark = pytest.mark.slurm
@@ -85,7 +85,5 @@ def test_trainer_maker_and_bank_on_slurm_workers(tmp_path: pathlib.Path) -> None
     assert 15 <= last <= results["trainer"].steps
     assert got.found.all() and (got.model_step == last).all()
     # closing the Workbench cancelled its Slurm jobs
-    deadline = time.monotonic() + 60
-    while _our_jobs(job_name) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _our_jobs(job_name) == []
+    wait_for(lambda: _our_jobs(job_name) == [], lambda: f"Slurm jobs {_our_jobs(job_name)} still queued 60 s after close",
+             60, interval=0.5)

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from carls_dask.errors import ConfigError, DeadlineExceeded, LifecycleError, LoopFailedError
+from carls_dask.examples.digits import DigitsMaker, DigitsTrainer, digits_table, load_digits_arrays
 from carls_dask.runtime import KnowledgeMaker, LoopContext, ModelVersion, State, Trainer, Workbench
-from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer, digits_table, load_digits_arrays
+from tests.processes import wait_for
 from tests.runtime.helpers import run_until_knowledge_flows
 
 
@@ -137,9 +138,7 @@ def test_a_failing_loop_raises_with_its_traceback_and_stops_the_others(client: A
 def test_failure_is_raised_once_by_results(client: Any) -> None:
     with Workbench(client, progress=False) as wb:
         wb.submit_trainer(ExplodingTrainer("boom", fail_at=0))
-        deadline = time.monotonic() + 120
-        while wb.status()["boom"].state != "failed" and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: wb.status()["boom"].state == "failed", "the loop failing", 120, interval=0.05)
         assert wb.status()["boom"].future == "error"
         with pytest.raises(LoopFailedError) as info:
             wb.results()
@@ -157,9 +156,7 @@ def test_stop_past_its_deadline_cancels_and_says_so(client: Any) -> None:
             dask.config.set({"carls.run.metrics-every": 1}):  # a report after each 3-second step
         with Workbench(client, progress=False) as wb:
             wb.submit_trainer(SleepyTrainer("sleepy"))
-            deadline = time.monotonic() + 120
-            while "step" not in wb.status()["sleepy"].progress and time.monotonic() < deadline:
-                time.sleep(0.1)
+            wait_for(lambda: "step" in wb.status()["sleepy"].progress, "a first progress report", 120)
             with pytest.raises(DeadlineExceeded, match=r"\['sleepy'\] still running after 0.2s"):
                 wb.wait(timeout=0.2)
             assert wb.status()["sleepy"].state == "running"  # a missed wait deadline stops nothing
@@ -248,8 +245,6 @@ def test_a_reader_keeps_its_version_when_the_newest_payload_died_with_its_worker
     from distributed import Client, LocalCluster
 
     from carls_dask.runtime import ModelChannel
-    from tests.processes import wait_for
-
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         channel = ModelChannel("lost", prefix="t-lost")

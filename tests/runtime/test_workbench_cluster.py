@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import dask.config
 import psutil
 import pytest
 
+from carls_dask.examples.digits import DigitsMaker, DigitsTrainer
 from carls_dask.runtime import State, Workbench
-from carls_dask.runtime.toy import DigitsMaker, DigitsTrainer
+from tests.processes import wait_for
 
 # Thread pools that distributed creates once per process and keeps (not owned by a Workbench).
 PROCESS_WIDE = ("Dask-Offload",)
@@ -53,10 +53,9 @@ def test_own_local_cluster_is_started_and_fully_released() -> None:
                 return [(k in dask_scheduler.tasks, dask_scheduler.tasks[k].resource_restrictions
                          if k in dask_scheduler.tasks else None) for k in keys]
 
-            deadline = time.monotonic() + 30  # submit reaches the scheduler asynchronously
-            while not all(known for known, _ in wb.client.run_on_scheduler(restrictions)) \
-                    and time.monotonic() < deadline:
-                time.sleep(0.05)
+            # submit reaches the scheduler asynchronously
+            wait_for(lambda: all(known for known, _ in wb.client.run_on_scheduler(restrictions)),
+                     "both loops known to the scheduler", 30, interval=0.05)
             assert [r for _, r in wb.client.run_on_scheduler(restrictions)] == [{"GPU": 1}, None]
             assert len(_children()) > len(children_before)  # the worker process is up
             wb.wait(timeout=300)

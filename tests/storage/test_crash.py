@@ -20,6 +20,7 @@ from carls_dask.storage.bankstore import prune_snapshots
 from carls_dask.storage.deltalog import DeltaLog, replay
 from carls_dask.storage.manifest import list_snapshots, read_manifest
 from carls_dask.storage.snapshots import read_snapshot
+from tests.processes import read_count
 from tests.storage.states import assert_same, make_states, merged, sort_by_key, table_rows
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -72,10 +73,7 @@ def test_repeated_kills_mid_append_lose_no_acknowledged_record(tmp_path: pathlib
         try:
             assert proc.stdout is not None
             target = acked + rng.randint(3, 25)
-            deadline = time.monotonic() + 60
-            while acked < target:
-                assert time.monotonic() < deadline, "the writer made no progress"
-                acked = int(proc.stdout.readline())
+            acked = read_count(proc.stdout, target, f"the writer's record {target}", 60)
             time.sleep(rng.random() * 0.02)  # land somewhere inside a later append
         finally:
             _kill(proc)

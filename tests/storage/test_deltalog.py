@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ from carls_dask.errors import (
 from carls_dask.storage.bankstore import prune_snapshots
 from carls_dask.storage.deltalog import DeltaLog, replay
 from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
+from tests.processes import read_count
 from tests.storage.states import make_states, table_rows
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -153,10 +153,7 @@ def test_killed_mid_append_keeps_acknowledged_records_and_snapshot(tmp_path: pat
     acked = 0
     try:
         assert proc.stdout is not None
-        deadline = time.monotonic() + 60
-        while acked < 15:
-            assert time.monotonic() < deadline, "the writer made no progress"
-            acked = int(proc.stdout.readline())
+        acked = read_count(proc.stdout, 15, "the writer's 15th append", 60)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()

@@ -6,7 +6,6 @@ import pathlib
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from carls_dask.errors import (
     StoreNotFoundError,
 )
 from carls_dask.storage.metrics import MetricWriter, open_metrics
+from tests.processes import wait_for
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -106,12 +106,11 @@ def test_reader_sees_consistent_prefix_while_writer_runs(tmp_path: pathlib.Path)
     proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], cwd=REPO)
     seen = []
     try:
-        deadline = time.monotonic() + 120
-        while proc.poll() is None or not seen or seen[-1] < 400:
-            assert time.monotonic() < deadline, "the writer did not finish"
+
+        def read_once() -> bool:
+            """Read the store as it is now and check it; true once the writer ended and all 400 rows were read."""
             if not (path / "metrics.json").exists():
-                time.sleep(0.01)
-                continue
+                return False
             ds = open_metrics(path)
             n = ds.sizes["step"]
             steps = np.arange(n)
@@ -124,8 +123,9 @@ def test_reader_sees_consistent_prefix_while_writer_runs(tmp_path: pathlib.Path)
                 assert np.isnan(late[:150]).all()
                 np.testing.assert_array_equal(late[150:], -steps[150:])
             seen.append(n)
-            if proc.poll() is not None and n == 400:
-                break
+            return proc.poll() is not None and n == 400
+
+        wait_for(read_once, "the writer finishing", 120, interval=0.01)
     finally:
         proc.kill()
         proc.wait(timeout=30)

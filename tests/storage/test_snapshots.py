@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -27,6 +26,7 @@ from carls_dask.storage.bankstore import prune_snapshots
 from carls_dask.storage.bankview import open_bank
 from carls_dask.storage.manifest import list_snapshots, read_manifest
 from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, read_snapshot, write_shard
+from tests.processes import wait_for
 from tests.storage.states import assert_same, make_states, merged, sort_by_key
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -210,10 +210,8 @@ def test_killed_mid_snapshot_leaves_previous_complete(tmp_path: pathlib.Path) ->
     )
     try:
         # wait until the writer is inside a shard write of a not-yet-committed version, then kill it
-        deadline = time.monotonic() + 60
-        while not list(root.glob("snapshots/*/shard-0001.writing")):
-            assert time.monotonic() < deadline, "the writer never started a shard"
-            time.sleep(0.002)
+        wait_for(lambda: list(root.glob("snapshots/*/shard-0001.writing")), "the writer starting a shard", 60,
+                 interval=0.002)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()

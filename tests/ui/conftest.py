@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import pathlib
 import re
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
 pytest.importorskip("playwright")
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
-from tests.processes import free_port, stop_process
+from tests.processes import CARLS_DASK, console_env, free_port, stop_process, wait_for, wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -86,6 +84,11 @@ def page_texts(page: Page) -> list[str]:
     return list(page.evaluate(_ALL_TEXT))
 
 
+def page_wait(page: Page) -> Callable[[float], None]:
+    """A ``sleep`` for :func:`~tests.processes.wait_for` that lets the page run while the test waits (seconds)."""
+    return lambda seconds: page.wait_for_timeout(seconds * 1000)
+
+
 def wait_text(page: Page, pattern: str, timeout: float) -> None:
     """Wait up to ``timeout`` seconds for text matching ``pattern``; the failure lists what the page shows."""
     try:
@@ -97,30 +100,29 @@ def wait_text(page: Page, pattern: str, timeout: float) -> None:
 
 @contextlib.contextmanager
 def serve_dashboard(runs: Sequence[pathlib.Path], log: pathlib.Path, **env_overrides: str) -> Iterator[str]:
-    """Serve the dashboard of ``runs`` with ``panel serve dashboards/app.py``; yields the page's URL, stops the server after."""
+    """Serve the dashboard of ``runs`` as a user does: the installed ``carls-dask dashboard`` command, from a folder
+    outside the checkout, without PYTHONPATH; yields the page's URL, stops the server after."""
     port = free_port()
-    env = dict(os.environ, DASK_CARLS__DASHBOARD__REFRESH="0.5s", **env_overrides)
-    cmd = [
-        sys.executable, "-m", "panel", "serve", str(ROOT / "dashboards" / "app.py"),
-        "--address", "127.0.0.1", "--port", str(port), "--allow-websocket-origin", f"127.0.0.1:{port}",
-        "--liveness", "--args", *[str(r) for r in runs],
-    ]
+    env = console_env(DASK_CARLS__DASHBOARD__REFRESH="0.5s", **env_overrides)
+    cmd = [CARLS_DASK, "dashboard", *[str(r) for r in runs], "--address", "127.0.0.1", "--port", str(port)]
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent, start_new_session=True
         )
+    url = f"http://127.0.0.1:{port}/app"
     try:
-        deadline = time.monotonic() + START_DEADLINE
-        while True:
-            assert proc.poll() is None, f"panel serve exited with {proc.returncode}: {log.read_text()[-3000:]}"
+
+        def answers() -> bool:
+            assert proc.poll() is None, f"carls-dask dashboard exited with {proc.returncode}: {log.read_text()[-3000:]}"
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/liveness", timeout=5):
-                    break
+                with urllib.request.urlopen(url, timeout=60) as answer:
+                    return bool(answer.status == 200)
             except OSError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"panel serve did not answer in {START_DEADLINE} s: {log.read_text()[-3000:]}") from None
-                time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}/app"
+                return False
+
+        wait_for(answers, lambda: f"carls-dask dashboard did not answer in {START_DEADLINE} s: {log.read_text()[-3000:]}",
+                 START_DEADLINE, interval=0.5)
+        yield url
     finally:
         stop_process(proc, group=True)  # the server and anything it started
 
@@ -160,12 +162,10 @@ def start_writer(tmp_path: pathlib.Path, *args: str) -> tuple[pathlib.Path, subp
         [sys.executable, "-m", "tests.dashboards.runfolder", str(run), "--period", "0.7", *args],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp_path / "writer.log").open("wb"),
     )
-    deadline = time.monotonic() + 120
-    while not (run / "writer.progress").exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_process(proc)
-            raise AssertionError(f"the run writer wrote nothing (status {proc.returncode}): {(tmp_path / 'writer.log').read_text()[-3000:]}")
-        time.sleep(0.2)
+    progress = run / "writer.progress"
+    if not wait_until(lambda: progress.exists() or proc.poll() is not None, 120, interval=0.2) or not progress.exists():
+        stop_process(proc)
+        raise AssertionError(f"the run writer wrote nothing (status {proc.returncode}): {(tmp_path / 'writer.log').read_text()[-3000:]}")
     return run, proc
 
 

@@ -20,12 +20,13 @@ pytest.importorskip("playwright")
 from playwright.sync_api import Browser, Page
 
 from tests.dashboards.runfolder import nodes, write_snapshot
-from tests.processes import stop_process
+from tests.processes import stop_process, wait_for, wait_until
 from tests.ui.conftest import (
     POINTS_JS,
     START_DEADLINE,
     open_page,
     page_texts,
+    page_wait,
     serve_dashboard,
     start_writer,
     wait_text,
@@ -77,23 +78,23 @@ def test_live_run_renders_and_shows_new_bank_writes_within_2s(
 
         # Each bank write adds rows; the "bank rows" figure must show a write within 2 s of it landing.
         progress = writing_run / "writer.progress"
-        delays = []
+        delays: list[float] = []
         last_rows = None
-        deadline = time.monotonic() + 90
-        while len(delays) < 3 and time.monotonic() < deadline:
+
+        def timed_write() -> bool:
+            """Time the next bank write the run makes until the page shows it; true once three were timed."""
+            nonlocal last_rows
             _step, rows = map(int, progress.read_text().split())
-            if rows == last_rows:
-                time.sleep(0.05)
-                continue
-            written = progress.stat().st_mtime
-            shown = _bank_rows(page)
-            give_up = time.monotonic() + 10
-            while shown < rows and time.monotonic() < give_up:
-                time.sleep(0.05)
-                shown = _bank_rows(page)
-            assert shown >= rows, f"the page still shows {shown} bank rows 10 s after the run wrote {rows}"
-            delays.append(time.time() - written)
-            last_rows = rows
+            if rows != last_rows:
+                written = progress.stat().st_mtime
+                wait_for(lambda: _bank_rows(page) >= rows,
+                         lambda: f"the page still shows {_bank_rows(page)} bank rows 10 s after the run wrote {rows}",
+                         10, interval=0.05)
+                delays.append(time.time() - written)
+                last_rows = rows
+            return len(delays) >= 3
+
+        wait_until(timed_write, 90, interval=0.05)
         assert len(delays) == 3, f"saw only {len(delays)} writes on the page in 90 s"
         assert max(delays) <= 2.0, f"bank writes reached the page after {[round(d, 2) for d in delays]} s"
         page.screenshot(path=str(artifacts_dir / "dashboard-health.png"), full_page=True)
@@ -105,10 +106,8 @@ def test_live_run_renders_and_shows_new_bank_writes_within_2s(
             if tab == "Pseudo labels":
                 wait_text(page, r"precision", 10)
             if tab == "Embedding drift":  # the drift curves get points once two snapshots are read
-                deadline = time.monotonic() + 60
-                while page.evaluate(POINTS_JS, "drift-l2/mean") < 1 and time.monotonic() < deadline:
-                    page.wait_for_timeout(250)
-                assert page.evaluate(POINTS_JS, "drift-l2/mean") >= 1, "no drift curve on the page after 60 s"
+                wait_for(lambda: page.evaluate(POINTS_JS, "drift-l2/mean") >= 1, "a drift curve on the page", 60,
+                         interval=0.25, sleep=page_wait(page))
             name = tab.lower().replace(" ", "-")
             page.screenshot(path=str(artifacts_dir / f"dashboard-{name}.png"), full_page=True)
         assert page.locator("canvas").count() >= 4
@@ -202,9 +201,9 @@ def test_page_stays_responsive_over_many_plot_refreshes_and_shows_new_data(
         wait_text(page, r"refreshed \d\d:\d\d:\d\d", START_DEADLINE)
         page.get_by_text("Bank health", exact=True).first.click()  # the first tab is Learning
         page.locator("canvas").first.wait_for(timeout=60_000)
-        deadline = time.monotonic() + 120  # the first plot refresh of a 100,000-row bank, on a shared machine
-        while page.evaluate(POINTS_JS, "health-rates/bank_lookups") < 1 and time.monotonic() < deadline:
-            page.wait_for_timeout(250)
+        # the first plot refresh of a 100,000-row bank, on a shared machine
+        wait_until(lambda: page.evaluate(POINTS_JS, "health-rates/bank_lookups") >= 1, 120, interval=0.25,
+                   sleep=page_wait(page))
         rows_before = _bank_rows(page)
         points_before = int(page.evaluate(POINTS_JS, "health-rates/bank_lookups"))
         assert rows_before > 0 and points_before > 0, (rows_before, points_before)
@@ -237,9 +236,8 @@ def test_page_stays_responsive_over_many_plot_refreshes_and_shows_new_data(
 
         # Back on the first tab: the bank grew and the rate plot got the new metric rows.
         page.get_by_text("Bank health", exact=True).first.click()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and int(page.evaluate(POINTS_JS, "health-rates/bank_lookups")) <= points_before:
-            page.wait_for_timeout(250)
+        wait_until(lambda: int(page.evaluate(POINTS_JS, "health-rates/bank_lookups")) > points_before, 30,
+                   interval=0.25, sleep=page_wait(page))
         points_after = int(page.evaluate(POINTS_JS, "health-rates/bank_lookups"))
         rows_after = _bank_rows(page)
         page.close()

@@ -13,11 +13,13 @@ import pytest
 pytest.importorskip("playwright")
 from playwright.sync_api import Browser, Page
 
+from tests.processes import wait_for, wait_until
 from tests.ui.conftest import (
     POINTS_JS,
     START_DEADLINE,
     open_page,
     page_texts,
+    page_wait,
     serve_dashboard,
     wait_text,
 )
@@ -46,12 +48,15 @@ _Y_SCALE = """(name) => {
 }"""
 
 def _wait_points(page: Page, name: str, least: int, timeout: float) -> int:
-    deadline = time.monotonic() + timeout
-    n = int(page.evaluate(POINTS_JS, name))
-    while n < least and time.monotonic() < deadline:
-        page.wait_for_timeout(50)
-        n = int(page.evaluate(POINTS_JS, name))
-    return n
+    """The points of figure ``name`` once it has ``least`` (or as many as it has after ``timeout`` seconds)."""
+    seen = [0]
+
+    def enough() -> bool:
+        seen[0] = int(page.evaluate(POINTS_JS, name))
+        return seen[0] >= least
+
+    wait_until(enough, timeout, interval=0.05, sleep=page_wait(page))
+    return seen[0]
 
 
 def test_learning_tab_shows_curves_that_grow_within_2s_of_each_write(
@@ -67,20 +72,23 @@ def test_learning_tab_shows_curves_that_grow_within_2s_of_each_write(
 
         # The writer appends one metric row per write (steps 20, 30, ...) and then notes its step.
         progress = writing_run / "writer.progress"
-        delays = []
+        delays: list[float] = []
         last = None
-        deadline = time.monotonic() + 90
-        while len(delays) < 4 and time.monotonic() < deadline:
+
+        def timed_write() -> bool:
+            """Time the next write the run makes until the page shows it; true once four were timed."""
+            nonlocal last
             step = int(progress.read_text().split()[0])
-            if step == last:
-                time.sleep(0.02)
-                continue
-            written = progress.stat().st_mtime
-            rows = (step - 10) // 10
-            shown = _wait_points(page, "learning-trainer-loss/loss", rows, 10)
-            assert shown >= rows, f"the page shows {shown} loss points 10 s after the run wrote its row {rows}"
-            delays.append(time.time() - written)
-            last = step
+            if step != last:
+                written = progress.stat().st_mtime
+                rows = (step - 10) // 10
+                shown = _wait_points(page, "learning-trainer-loss/loss", rows, 10)
+                assert shown >= rows, f"the page shows {shown} loss points 10 s after the run wrote its row {rows}"
+                delays.append(time.time() - written)
+                last = step
+            return len(delays) >= 4
+
+        wait_until(timed_write, 90, interval=0.02)
         (artifacts_dir / "dashboard-learning-delays.json").write_text(
             json.dumps({"metric_write_to_page_s": delays, "load_average": os.getloadavg()}, indent=1)
         )
@@ -92,10 +100,8 @@ def test_learning_tab_shows_curves_that_grow_within_2s_of_each_write(
         # The log-scale toggle swaps in the figures with a log y axis (same lines, same x range).
         assert page.evaluate(_VISIBLE, "learning-trainer-loss-log") is False
         page.locator("input[type=checkbox]").first.click()  # the only checkbox of the tab: "log y"
-        deadline = time.monotonic() + 10
-        while page.evaluate(_VISIBLE, "learning-trainer-loss-log") is not True and time.monotonic() < deadline:
-            page.wait_for_timeout(100)
-        assert page.evaluate(_VISIBLE, "learning-trainer-loss-log") is True
+        wait_for(lambda: page.evaluate(_VISIBLE, "learning-trainer-loss-log") is True, "the log-scale figure shown", 10,
+                 sleep=page_wait(page))
         assert page.evaluate(_VISIBLE, "learning-trainer-loss") is False
         assert page.evaluate(_Y_SCALE, "learning-trainer-loss-log") == "LogScale"
         assert errors == [], f"browser console errors: {errors}"

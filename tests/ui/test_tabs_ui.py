@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pathlib
-import time
 
 import dask
 import pytest
 from playwright.sync_api import Browser, Page
 
-from tests.ui.conftest import _inline_run, open_page, serve_dashboard
+from tests.processes import wait_for, wait_until
+from tests.ui.conftest import _inline_run, open_page, page_wait, serve_dashboard
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]
 
@@ -70,11 +70,14 @@ def _tabs(page: Page) -> list[str]:
 
 def _wait_drawn(page: Page, prefix: str) -> dict[str, int]:
     """Wait until every figure of a tab holds data; returns the points per figure."""
-    deadline = time.monotonic() + DRAW_DEADLINE
-    points: dict[str, int] = page.evaluate(_FIGURE_POINTS, prefix)
-    while (not points or min(points.values()) < 1) and time.monotonic() < deadline:
-        page.wait_for_timeout(500)
-        points = page.evaluate(_FIGURE_POINTS, prefix)
+    points: dict[str, int] = {}
+
+    def drawn() -> bool:
+        points.clear()
+        points.update(page.evaluate(_FIGURE_POINTS, prefix))
+        return bool(points) and min(points.values()) >= 1
+
+    wait_until(drawn, DRAW_DEADLINE, interval=0.5, sleep=page_wait(page))
     return points
 
 
@@ -94,10 +97,9 @@ def _check_every_tab(browser: Browser, run: pathlib.Path, tmp_path: pathlib.Path
         page, errors = open_page(browser, url, width=PAGE_WIDTH)
         page.get_by_text("Bank health", exact=True).first.wait_for(timeout=400_000)
         # A tab appears once its view has read the run and found what it plots (the first read of each view).
-        deadline = time.monotonic() + DRAW_DEADLINE
-        while set(shown := _tabs(page)) != expected and time.monotonic() < deadline:
-            page.wait_for_timeout(500)
-        assert set(shown) == expected, f"tabs of the {name} run: {shown}; expected {sorted(expected)}"
+        shown = wait_for(lambda: (tabs if set(tabs := _tabs(page)) == expected else None),
+                         lambda: f"tabs of the {name} run: {_tabs(page)}; expected {sorted(expected)}",
+                         DRAW_DEADLINE, interval=0.5, sleep=page_wait(page))
         for tab in shown:
             page.get_by_text(tab, exact=True).first.click()
             points = _wait_drawn(page, TABS[tab])

@@ -1,7 +1,7 @@
 """A small worked example: a digits classifier trainer and a maker that writes its outputs to the bank.
 
 It runs in seconds on a CPU and uses scikit-learn's bundled 8x8 digits (1797 images, no download).
-The tests, the Slurm check and the documentation use it.
+The quickstart notebook, the documentation, the benchmarks of the runtime, the Slurm check and the tests use it.
 
 - :class:`DigitsTrainer` trains a 64-32-10 MLP. When the Workbench has a bank with a ``digits``
   table, each step also looks up the maker's logits for its batch (with their age) and adds a

@@ -27,14 +27,18 @@ def test_embeddings_are_unit_norm_and_rank_paraphrases_first(tmp_path: pathlib.P
     np.testing.assert_allclose(again[::-1], emb, atol=1e-5)
 
 
-def test_cache_is_written_once_and_read_back(tmp_path: pathlib.Path) -> None:
+def test_cache_is_written_once_and_read_back(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     texts = ["graph regularization", "pseudo labels"]
     first = sentences.encode_sentences(texts, cache_dir=tmp_path)
     files = list(tmp_path.glob("*.npz"))
     assert len(files) == 1
+    # the first encoding shows a bar that counts the texts and names the cache file; a cache hit shows none
+    bar = capsys.readouterr().err.replace("\r", "\n")
+    assert f"encoding 2 texts with all-MiniLM-L6-v2 (once; cached in {files[0]}): 100%" in bar and "2/2" in bar
     # a cache hit returns the stored array: overwrite it and see the stored values come back
     np.savez(files[0], embeddings=np.ones_like(first))
     assert np.all(sentences.encode_sentences(texts, cache_dir=tmp_path) == 1.0)
+    assert "encoding" not in capsys.readouterr().err
     # other texts get another file
     sentences.encode_sentences(["something else"], cache_dir=tmp_path)
     assert len(list(tmp_path.glob("*.npz"))) == 2

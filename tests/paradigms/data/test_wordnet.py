@@ -122,6 +122,7 @@ def small_db(folder: pathlib.Path) -> pathlib.Path:
 
 def test_written_database_loads_as_a_graph(tmp_path: pathlib.Path) -> None:
     small_db(tmp_path / "wn")
+    (tmp_path / "cache").mkdir()
     g = wordnet.load_wordnet(wordnet_dir=tmp_path / "wn", features="tfidf", cache_dir=tmp_path / "cache",
                              tfidf_dim=4, per_class=3, n_val=6, n_test=10)
     assert (g.name, g.n_nodes, g.n_features, g.n_classes) == ("wordnet", 24, 4, 2)
@@ -155,8 +156,10 @@ def test_malformed_lines_name_the_file_and_line(tmp_path: pathlib.Path, edit, ma
 def test_missing_and_empty_files_and_other_classes(tmp_path: pathlib.Path) -> None:
     with pytest.raises(StoreNotFoundError, match=r"nowhere.*wordnet-base"):
         wordnet.read_data_file(tmp_path / "nowhere" / "data.noun")
-    with pytest.raises(StoreNotFoundError, match=r"no WordNet data.noun found \(tried .*nowhere\).*wordnet-base"):
+    with pytest.raises(StoreNotFoundError, match=r"nowhere, set by the wordnet_dir argument, does not exist"):
         wordnet.find_wordnet_dir(tmp_path / "nowhere")
+    with pytest.raises(StoreNotFoundError, match=r"holds no data.noun; install the Debian package 'wordnet-base'"):
+        wordnet.find_wordnet_dir(tmp_path)
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "data.noun").write_text(HEADER)
     with pytest.raises(CorruptStoreError, match=r"no synset lines"):

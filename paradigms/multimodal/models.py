@@ -1,14 +1,20 @@
-"""The dual encoder: trainable heads over frozen image features and frozen sentence features or hashed text ids."""
+"""The models of the multimodal paradigm: the dual encoder (trainable heads over frozen image features and frozen
+sentence features or hashed text ids) and the image query head of the concept classifier."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-__all__ = ["DualEncoder", "ImageQueryHead"]
+from carls_dask.paradigms.multimodal.features import FEATURE_DIM
+
+if TYPE_CHECKING:
+    from carls_dask.paradigms.multimodal.data import Corpus, CorpusSpec
+
+__all__ = ["DualEncoder", "ImageQueryHead", "dual_encoder"]
 
 
 class ImageQueryHead(nn.Module):
@@ -80,3 +86,11 @@ class DualEncoder(nn.Module):
 
     def forward(self, features: torch.Tensor, ids: torch.Tensor) -> Any:
         return self.encode_image(features), self.encode_text(ids)
+
+
+def dual_encoder(corpus: Corpus, spec: CorpusSpec, dim: int, hidden: int, temperature: float = 0.07,
+                 learn_temperature: bool = True) -> Any:
+    """The :class:`DualEncoder` for ``corpus``'s text inputs."""
+    return DualEncoder(FEATURE_DIM, spec.text_buckets, dim, hidden, temperature=temperature,
+                       text_dim=corpus.text_dim, learn_temperature=learn_temperature)
+
