@@ -1,6 +1,6 @@
 """The node-embedding trainer and its neighbour maker.
 
-- :class:`NodeEmbeddingTrainer` trains the skip-gram model (:mod:`~carls_dask.paradigms.node_embeddings.model`)
+- :class:`NodeEmbeddingTrainer` trains the skip-gram model (:mod:`~carls_dask.paradigms.node_embeddings.models`)
   on the run's pairs, with the vectors in the bank (read and trained through layers, prefetching the next
   batch's rows) or in the trainer, and judges them every ``eval_every`` steps and at the end;
 - :class:`NeighbourMaker`, after each published version, asks the bank for a fixed set of query nodes'
@@ -18,53 +18,22 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.bank import Column, TableSpec
 from carls_dask.errors import ConfigError
+from carls_dask.paradigms.node_embeddings.data import GraphData, load_graph_data
 from carls_dask.paradigms.node_embeddings.evaluation import link_auc, probe_accuracy, reconstruction
-from carls_dask.paradigms.node_embeddings.model import (
-    CONTEXTS,
-    TABLE,
-    BankTables,
-    InProcessTables,
-    node_tables,
-)
-from carls_dask.paradigms.node_embeddings.settings import GraphData, NodeEmbeddingSettings, load_graph_data
+from carls_dask.paradigms.node_embeddings.models import BankTables, InProcessTables
+from carls_dask.paradigms.node_embeddings.settings import NodeEmbeddingsSettings
+from carls_dask.paradigms.node_embeddings.tables import CONTEXTS, NEIGHBOURS, TABLE, table_specs
 from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.trainer import Trainer
 
-__all__ = ["NEIGHBOURS", "NeighbourMaker", "NodeEmbeddingTrainer", "bank_tables", "initialise_bank"]
+__all__ = ["NeighbourMaker", "NodeEmbeddingTrainer", "evaluate_vectors"]
 
 logger = logging.getLogger(__name__)
 
-#: The table the neighbour maker writes: each query node's nearest nodes and their scores.
-NEIGHBOURS = "neighbours"
-
-
-def table_specs(s: NodeEmbeddingSettings) -> tuple[TableSpec, TableSpec]:
-    """The ``nodes`` and ``contexts`` tables of ``s``."""
-    return node_tables(s.dim, s.lr, s.init_scale, s.accumulator)
-
-
-def bank_tables(s: NodeEmbeddingSettings) -> list[TableSpec]:
-    """The bank tables of a run: ``nodes``, ``contexts`` and, with the maker, ``neighbours``."""
-    out = list(table_specs(s))
-    if s.maker:
-        out.append(TableSpec(NEIGHBOURS, columns=(Column("nodes", "int64", (s.maker_k,), ("neighbour",)),
-                                                  Column("scores", "float32", (s.maker_k,), ("neighbour",),
-                                                         initializer="zeros")), optimizer=None))
-    return out
-
-
-def initialise_bank(bank: Any, n_nodes: int, chunk: int = 1 << 16) -> None:
-    """Allocate every node's rows (frequency 1), so the bank's sampler ranks every node from the first step."""
-    for table in (TABLE, CONTEXTS):
-        for s in range(0, n_nodes, chunk):
-            bank.lookup(table, np.arange(s, min(n_nodes, s + chunk), dtype=np.int64), columns=[], insert=True)
-
-
-def _set_threads(s: NodeEmbeddingSettings) -> None:
+def _set_threads(s: NodeEmbeddingsSettings) -> None:
     import torch
 
     if s.threads is not None and torch.get_num_threads() != s.threads:
@@ -95,12 +64,12 @@ class NodeEmbeddingTrainer(Trainer):
     Parameters
     ----------
     settings
-        The run's :class:`~carls_dask.paradigms.node_embeddings.settings.NodeEmbeddingSettings`.
+        The run's :class:`~carls_dask.paradigms.node_embeddings.settings.NodeEmbeddingsSettings`.
     name
         Loop name.
     """
 
-    def __init__(self, settings: NodeEmbeddingSettings, name: str = "trainer") -> None:
+    def __init__(self, settings: NodeEmbeddingsSettings, name: str = "trainer") -> None:
         super().__init__(name, max_steps=settings.steps, publish_every=settings.publish_every,
                          eval_every=settings.eval_every or None, keep_state=False)
         self.settings = settings
@@ -179,7 +148,7 @@ class NeighbourMaker(KnowledgeMaker):
     the figure is ``ancestor_recall@k``.
     """
 
-    def __init__(self, settings: NodeEmbeddingSettings, name: str = "neighbour-maker", source: str = "trainer") -> None:
+    def __init__(self, settings: NodeEmbeddingsSettings, name: str = "neighbour-maker", source: str = "trainer") -> None:
         super().__init__(name, source=source)
         self.settings = settings
 

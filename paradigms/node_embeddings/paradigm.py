@@ -25,13 +25,10 @@ from typing import Any
 import numpy as np
 
 from carls_dask.paradigms.data.wordnet import find_wordnet_dir
-from carls_dask.paradigms.node_embeddings.loops import (
-    NeighbourMaker,
-    NodeEmbeddingTrainer,
-    bank_tables,
-    initialise_bank,
-)
-from carls_dask.paradigms.node_embeddings.settings import NodeEmbeddingSettings, load_graph_data
+from carls_dask.paradigms.node_embeddings.data import load_graph_data
+from carls_dask.paradigms.node_embeddings.loops import NeighbourMaker, NodeEmbeddingTrainer
+from carls_dask.paradigms.node_embeddings.settings import NodeEmbeddingsSettings
+from carls_dask.paradigms.node_embeddings.tables import bank_tables, initialise_bank
 from carls_dask.runtime.context import LoopResult
 from carls_dask.runtime.paradigm import Paradigm
 
@@ -46,7 +43,7 @@ class NodeEmbeddings(Paradigm):
 
     name = "node-embeddings"
     description = "DeepWalk-style embeddings of the 82,115 WordNet nouns, every vector held and trained in the bank"
-    settings_type = NodeEmbeddingSettings
+    settings_type = NodeEmbeddingsSettings
     variants = {
         "bank": {"backend": "bank"},
         "in-process": {"backend": "in-process", "maker": False},
@@ -56,7 +53,7 @@ class NodeEmbeddings(Paradigm):
     headline = ("link_auc", "probe_acc", "recon_mean_avg_precision", "recon_mean_rank")
     unprefixed = {"trainer": ("link_auc", "probe_acc"), "maker": ()}
 
-    def prepare(self, settings: NodeEmbeddingSettings) -> NodeEmbeddingSettings:
+    def prepare(self, settings: NodeEmbeddingsSettings) -> NodeEmbeddingsSettings:
         """Resolve the WordNet folder here (the loops get it explicitly) and build the graph once, so a missing
         data set fails before a cluster starts. A run without a bank has no maker."""
         folder = find_wordnet_dir(settings.wordnet_dir, settings.data_dir)
@@ -64,20 +61,20 @@ class NodeEmbeddings(Paradigm):
         load_graph_data(s)
         return s
 
-    def tables(self, settings: NodeEmbeddingSettings) -> Sequence[Any]:
+    def tables(self, settings: NodeEmbeddingsSettings) -> Sequence[Any]:
         return bank_tables(settings) if settings.uses_bank else []
 
-    def loops(self, settings: NodeEmbeddingSettings) -> Sequence[Any]:
+    def loops(self, settings: NodeEmbeddingsSettings) -> Sequence[Any]:
         out: list[Any] = [NodeEmbeddingTrainer(settings, TRAINER)]
         if settings.uses_bank and settings.maker:
             out.append(NeighbourMaker(settings, MAKER, source=TRAINER))
         return out
 
-    def initialise(self, bank: Any, settings: NodeEmbeddingSettings) -> None:
+    def initialise(self, bank: Any, settings: NodeEmbeddingsSettings) -> None:
         """Allocate every node's row before training (a resumed run's bank has them already)."""
         initialise_bank(bank, load_graph_data(settings).n_nodes)
 
-    def write_artifacts(self, settings: NodeEmbeddingSettings, run_dir: pathlib.Path) -> None:
+    def write_artifacts(self, settings: NodeEmbeddingsSettings, run_dir: pathlib.Path) -> None:
         """``truth.npz``: the nodes' classes (``keys``, ``labels``) and, on the noun graph, the held-out edges."""
         data = load_graph_data(settings)
         arrays: dict[str, Any] = {"keys": np.arange(data.n_nodes), "labels": data.nouns.labels}
@@ -85,7 +82,7 @@ class NodeEmbeddings(Paradigm):
             arrays["heldout_edges"] = data.link.test
         np.savez(run_dir / "truth.npz", **arrays)
 
-    def summarize(self, settings: NodeEmbeddingSettings, results: Mapping[str, LoopResult]) -> dict[str, Any]:
+    def summarize(self, settings: NodeEmbeddingsSettings, results: Mapping[str, LoopResult]) -> dict[str, Any]:
         out: dict[str, Any] = dict(results[TRAINER].value or {})
         if MAKER in results:
             out[f"{MAKER}_rounds"] = len(results[MAKER].rounds)

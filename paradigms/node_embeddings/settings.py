@@ -1,33 +1,22 @@
-"""What one node-embedding run is: :class:`NodeEmbeddingSettings` and the graph data it builds."""
+"""What one node-embedding run is: :class:`NodeEmbeddingsSettings`, validated on construction."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-
-import numpy as np
 
 from carls_dask.bank.sampling import SAMPLERS
-from carls_dask.errors import ConfigError
-from carls_dask.paradigms.data.noun_hierarchy import (
-    NounGraph,
-    load_noun_graph,
-    noun_subtree,
-    transitive_closure,
-)
-from carls_dask.paradigms.node_embeddings.model import LOSSES
-from carls_dask.paradigms.node_embeddings.walks import LinkSplit, PairSource, link_split
+from carls_dask.runtime.settings import check_settings
 
-__all__ = ["BACKENDS", "GRAPHS", "GraphData", "NodeEmbeddingSettings", "load_graph_data"]
+__all__ = ["BACKENDS", "GRAPHS", "LOSSES", "NodeEmbeddingsSettings"]
 
 GRAPHS = ("nouns", "closure")
 BACKENDS = ("bank", "in-process")
-#: Seed of the fixed sample of synsets whose closure pairs are ranked (the same for every run).
-RECONSTRUCTION_SEED = 2017
+LOSSES = ("sgns", "softmax")
+_OWNER = "node-embeddings settings"
 
 
 @dataclasses.dataclass(frozen=True)
-class NodeEmbeddingSettings:
+class NodeEmbeddingsSettings:
     """Every choice of a node-embedding run (picklable; trainer and maker build the same data from it).
 
     Parameters
@@ -124,43 +113,32 @@ class NodeEmbeddingSettings:
     wordnet_dir: str | None = None
 
     def __post_init__(self) -> None:
-        def fail(name: str, expected: str) -> None:
-            raise ConfigError(f"NodeEmbeddingSettings: {name}={getattr(self, name)!r}; expected {expected}")
+        def positive_int(v: object, least: int = 1) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and v >= least
 
-        if self.graph not in GRAPHS:
-            fail("graph", f"one of {GRAPHS}")
-        if self.backend not in BACKENDS:
-            fail("backend", f"one of {BACKENDS}")
-        if self.loss not in ("auto", *LOSSES):
-            fail("loss", f"'auto' or one of {LOSSES}")
-        if self.sampler not in SAMPLERS:
-            fail("sampler", f"one of {SAMPLERS}")
-        for name in ("dim", "batch_size", "negatives", "walk_length", "window", "recon_sources", "publish_every",
-                     "maker_queries", "maker_k"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                fail(name, "a positive int")
-        for name in ("steps", "seed", "eval_every", "staleness"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                fail(name, "an int >= 0")
-        if self.walk_length < 2:
-            fail("walk_length", "an int >= 2")
-        for name in ("lr", "accumulator", "negatives_per_pair"):
-            if not float(getattr(self, name)) > 0:
-                fail(name, "a number > 0")
-        if not float(self.init_scale) >= 0:
-            fail("init_scale", "a number >= 0")
-        if not 0.0 < float(self.holdout) < 1.0:
-            fail("holdout", "a fraction in (0, 1)")
-        for name in ("pipeline", "maker"):
-            if not isinstance(getattr(self, name), bool):
-                fail(name, "True or False")
-        if self.subtree is not None and (not isinstance(self.subtree, str) or not self.subtree):
-            fail("subtree", "None or a synset's first word such as 'mammal'")
-        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
-                                         or self.threads < 1):
-            fail("threads", "a positive int or None")
+        def said(name: str, expected: str) -> str:
+            return f"{name}={getattr(self, name)!r}; expected {expected}"
+
+        check_settings(_OWNER, (
+            (self.graph in GRAPHS, said("graph", f"one of {GRAPHS}")),
+            (self.backend in BACKENDS, said("backend", f"one of {BACKENDS}")),
+            (self.loss in ("auto", *LOSSES), said("loss", f"'auto' or one of {LOSSES}")),
+            (self.sampler in SAMPLERS, said("sampler", f"one of {SAMPLERS}")),
+            *((positive_int(getattr(self, name)), said(name, "a positive int"))
+              for name in ("dim", "batch_size", "negatives", "walk_length", "window", "recon_sources",
+                           "publish_every", "maker_queries", "maker_k")),
+            *((positive_int(getattr(self, name), 0), said(name, "an int >= 0"))
+              for name in ("steps", "seed", "eval_every", "staleness")),
+            (positive_int(self.walk_length, 2), said("walk_length", "an int >= 2")),
+            *((float(getattr(self, name)) > 0, said(name, "a number > 0"))
+              for name in ("lr", "accumulator", "negatives_per_pair")),
+            (float(self.init_scale) >= 0, said("init_scale", "a number >= 0")),
+            (0.0 < float(self.holdout) < 1.0, said("holdout", "a fraction in (0, 1)")),
+            *((isinstance(getattr(self, name), bool), said(name, "True or False")) for name in ("pipeline", "maker")),
+            (self.subtree is None or (isinstance(self.subtree, str) and bool(self.subtree)),
+             said("subtree", "None or a synset's first word such as 'mammal'")),
+            (self.threads is None or positive_int(self.threads), said("threads", "a positive int or None")),
+        ))
 
     @property
     def loss_kind(self) -> str:
@@ -173,57 +151,3 @@ class NodeEmbeddingSettings:
     def uses_bank(self) -> bool:
         """Whether the vectors live in the bank."""
         return self.backend == "bank"
-
-
-@dataclasses.dataclass(frozen=True)
-class GraphData:
-    """What a run trains and is judged on.
-
-    Attributes
-    ----------
-    nouns
-        The noun graph (labels, split, edges, hierarchy).
-    pairs_from, train_pairs
-        ``"walks"`` over the training edges (``graph="nouns"``) or the closure ``"edges"`` themselves.
-    link
-        The link-prediction split (``graph="nouns"``), else ``None``.
-    closure, sources
-        The closure's (synset, ancestor) pairs and the synsets whose pairs are ranked (``graph="closure"``).
-    """
-
-    nouns: NounGraph
-    pairs_from: str
-    train_pairs: np.ndarray
-    link: LinkSplit | None
-    closure: np.ndarray | None
-    sources: np.ndarray | None
-
-    @property
-    def n_nodes(self) -> int:
-        return self.nouns.n_nodes
-
-    def pair_source(self, s: NodeEmbeddingSettings) -> PairSource:
-        """The run's batches."""
-        return PairSource(self.pairs_from, self.train_pairs, self.n_nodes, s.batch_size, s.seed,
-                          walk_length=s.walk_length, window=s.window)
-
-
-@functools.lru_cache(maxsize=4)
-def _graph_data(graph: str, seed: int, holdout: float, recon_sources: int, subtree: str | None, data_dir: str | None,
-                wordnet_dir: str | None) -> GraphData:
-    from carls_dask.paradigms.node_embeddings.evaluation import reconstruction_sources
-
-    nouns = load_noun_graph(data_dir, wordnet_dir=wordnet_dir)
-    if subtree is not None:
-        nouns = noun_subtree(nouns, subtree)
-    if graph == "closure":
-        closure = transitive_closure(nouns.hypernyms, nouns.n_nodes)
-        return GraphData(nouns, "edges", closure, None, closure,
-                         reconstruction_sources(closure, recon_sources, RECONSTRUCTION_SEED))
-    split = link_split(nouns.edges, nouns.n_nodes, holdout, np.random.default_rng([seed, 7]))
-    return GraphData(nouns, "walks", split.train, split, None, None)
-
-
-def load_graph_data(s: NodeEmbeddingSettings) -> GraphData:
-    """The graph data of ``s`` (built once per process for each graph, seed and split)."""
-    return _graph_data(s.graph, s.seed, float(s.holdout), s.recon_sources, s.subtree, s.data_dir, s.wordnet_dir)

@@ -163,12 +163,8 @@ def test_the_paradigms_sampled_softmax_is_the_layers() -> None:
 
     from carls_dask.bank import KnowledgeBank
     from carls_dask.nn import BankEmbedding, sampled_softmax_loss
-    from carls_dask.paradigms.node_embeddings.model import (
-        CONTEXTS,
-        accidental_hits,
-        node_tables,
-        softmax_loss,
-    )
+    from carls_dask.paradigms.node_embeddings.models import accidental_hits, softmax_loss
+    from carls_dask.paradigms.node_embeddings.tables import CONTEXTS, node_tables
 
     torch.manual_seed(0)
     with KnowledgeBank.local(list(node_tables(8, 0.1, 0.1, 0.1)), n_shards=2) as bank:

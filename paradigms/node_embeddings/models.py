@@ -1,9 +1,8 @@
 """The skip-gram model, over node tables held in the bank or in the trainer.
 
 Each node has an input vector (table ``nodes``) and a context vector (table ``contexts``), as in word2vec;
-a (center, context) pair scores ``u . v``. Two tables rather than two columns of one: a lookup with insert
-and a gradient push each log whole rows of their table to the bank's delta log, so a layer's calls then log
-only the column it reads. One set of negatives is drawn for the whole batch
+a (center, context) pair scores ``u . v`` (:mod:`~carls_dask.paradigms.node_embeddings.tables` says why two
+tables). One set of negatives is drawn for the whole batch
 (the bank's sampler: ``log_uniform`` over frequency rank, or ``uniform``) and the pairs are trained with
 one of two losses:
 
@@ -32,32 +31,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from carls_dask.bank import Column, TableSpec
+from carls_dask.bank import TableSpec
 from carls_dask.bank.sampling import order_by_frequency, sample_candidates
 from carls_dask.nn import BankEmbedding, initial_rows, sampled_softmax_loss
+from carls_dask.paradigms.node_embeddings.tables import CONTEXTS, TABLE
 
-__all__ = ["CONTEXTS", "LOSSES", "TABLE", "BankTables", "InProcessTables", "accidental_hits", "node_tables",
-           "sgns_loss", "softmax_loss"]
-
-#: The bank table of the node vectors (the dashboards' drift map reads ``nodes.embedding``).
-TABLE = "nodes"
-#: The bank table of the context vectors (negatives are drawn from it, ranked by context frequency).
-CONTEXTS = "contexts"
-LOSSES = ("sgns", "softmax")
-
-
-def node_tables(dim: int, lr: float, init_scale: float, accumulator: float,
-                optimizer: str = "adagrad") -> tuple[TableSpec, TableSpec]:
-    """The ``nodes`` table (input vectors, normal with ``init_scale``) and the ``contexts`` table (context
-    vectors, zeros as in word2vec), each with one ``embedding`` column."""
-    def table(name: str, initializer: str, scale: float) -> TableSpec:
-        return TableSpec(name, columns=(Column("embedding", "float32", (dim,), ("dim",), initializer=initializer,
-                                               init_scale=scale),),
-                         optimizer=optimizer, learning_rate=lr, adagrad_initial_accumulator=accumulator,
-                         initializer=initializer, init_scale=scale)
-
-    return table(TABLE, "normal", init_scale), table(CONTEXTS, "zeros", 0.0)
-
+__all__ = ["BankTables", "InProcessTables", "accidental_hits", "sgns_loss", "softmax_loss"]
 
 def sgns_loss(u: torch.Tensor, v: torch.Tensor, neg: torch.Tensor, negatives_per_pair: float,
               hits: tuple[np.ndarray, np.ndarray] | None = None) -> torch.Tensor:
