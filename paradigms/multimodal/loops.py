@@ -7,7 +7,7 @@
 - :class:`CorpusMaker` loads the newest encoder version and rewrites every corpus embedding in the
   bank (``texts`` and ``images`` tables) with ``model_step`` and its name as provenance.
 - :class:`ConceptClassifierTrainer` is the large-output-space use: class embeddings live in the
-  bank, are allocated on first sight and trained with sampled softmax through ``apply_gradients``.
+  bank, are allocated on first sight and trained with sampled softmax through a ``BankEmbedding`` layer.
 
 The corpus they read is :mod:`~carls_dask.paradigms.multimodal.data`'s, their bank tables are
 :mod:`~carls_dask.paradigms.multimodal.tables`' and their models :mod:`~carls_dask.paradigms.multimodal.models`'.
@@ -409,8 +409,9 @@ class ConceptClassifierTrainer(Trainer):
     so evaluation ranks all of them. Each step looks up the batch's class embeddings with ``insert=True`` (a class is allocated the
     first time it is seen, and its frequency counted), samples ``n_sampled`` classes from the bank
     (``log_uniform`` by frequency rank, or ``uniform``), computes sampled softmax with logQ
-    correction, and sends the class-embedding gradients to the bank's optimizer with
-    ``apply_gradients``. Evaluation is a full top-k over every class in the bank.
+    correction, and sends the class-embedding gradients to the bank's optimizer: all three through a
+    :class:`~carls_dask.nn.BankEmbedding` over the ``concepts`` table and
+    :func:`carls_dask.nn.sampled_softmax_loss`. Evaluation is a full top-k over every class in the bank.
 
     Parameters
     ----------
@@ -448,6 +449,7 @@ class ConceptClassifierTrainer(Trainer):
     def setup(self, ctx: LoopContext) -> None:
         import torch
 
+        from carls_dask.nn import BankEmbedding
         from carls_dask.paradigms.multimodal.models import ImageQueryHead
 
         if ctx.bank is None:
@@ -471,6 +473,7 @@ class ConceptClassifierTrainer(Trainer):
         self.feats = torch.from_numpy(feats).to(self.device)
         self.model = ImageQueryHead(FEATURE_DIM, self.dim, self.hidden).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.lr)
+        self.classes = BankEmbedding(ctx.bank, CONCEPTS).to(self.device)
         self.step_seconds: list[float] = []
         if self.all_concepts:  # allocate the classes not in the bank yet (a resumed run finds them all)
             every = to_int64_keys(list(cldr_concepts()), CONCEPTS)
@@ -493,37 +496,29 @@ class ConceptClassifierTrainer(Trainer):
     def step(self, step: int) -> Mapping[str, float]:
         import torch
 
-        from carls_dask.paradigms.multimodal.losses import sampled_softmax_loss
+        from carls_dask.nn import sampled_softmax_loss
 
         assert self.ctx is not None
         bank = self.ctx.bank
         t0 = time.perf_counter()
         idx = self.train[self.rng.choice(len(self.train), size=self.batch_size, replace=False)]
         kb = self.class_keys[idx]
-        true = bank.lookup(CONCEPTS, kb, columns=["embedding"], insert=True)
-        size = bank.size(CONCEPTS)
-        full = self.n_sampled >= size  # every class, no correction: the full softmax
-        s = bank.sample_negatives(CONCEPTS, min(self.n_sampled, size), sampler="uniform" if full else self.sampler,
-                                  true_keys=kb, seed=self.seed * 1_000_003 + step)
-        neg = bank.lookup(CONCEPTS, s.keys, columns=["embedding"])
-        tw = torch.tensor(true.values["embedding"], device=self.device, requires_grad=True)
-        sw = torch.tensor(neg.values["embedding"], device=self.device, requires_grad=True)
+        before = bank.size(CONCEPTS)
+        full = self.n_sampled >= before  # every class, no correction: the full softmax
         q = self.model(self.feats[torch.from_numpy(idx).to(self.device)])
-        true_logq, sampled_logq = ((np.zeros(len(kb)), np.zeros(len(s.keys))) if full
-                                   else (np.log(s.true_expected_count), np.log(s.expected_count)))
-        loss = sampled_softmax_loss(
-            q, tw, sw, torch.from_numpy(true_logq.astype(np.float32)).to(self.device),
-            torch.from_numpy(sampled_logq.astype(np.float32)).to(self.device),
-            torch.from_numpy(s.keys[None, :] == kb[:, None]).to(self.device), scale=10.0)
+        # the layer reads the batch's classes with insert, draws the candidates from the bank (the batch's
+        # classes as true keys, accidental hits removed) and sends the rows' gradients to the bank's
+        # optimizer in backward; the logit scale 10 goes into the query
+        loss = sampled_softmax_loss(self.classes, 10.0 * q, kb, min(self.n_sampled, before),
+                                    sampler="uniform" if full else self.sampler, subtract_log_q=not full,
+                                    seed=self.seed * 1_000_003 + step)
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
-        assert tw.grad is not None and sw.grad is not None
-        bank.apply_gradients(CONCEPTS, np.concatenate([kb, s.keys]),
-                             np.concatenate([tw.grad.cpu().numpy(), sw.grad.cpu().numpy()]))
+        size = bank.size(CONCEPTS)
         self.step_seconds.append(time.perf_counter() - t0)
-        return {"loss": float(loss.detach()), "classes": float(bank.size(CONCEPTS)),
-                "new_classes": float((~true.found).sum()), "sampled": float(len(s.keys))}
+        return {"loss": float(loss.detach()), "classes": float(size), "new_classes": float(size - before),
+                "sampled": float(min(self.n_sampled, before))}
 
     def evaluate(self) -> dict[str, float]:
         """Top-1/top-5 accuracy of held-out images against every class embedding in the bank."""

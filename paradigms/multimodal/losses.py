@@ -1,6 +1,7 @@
-"""Losses: contrastive with extra (bank) negatives, and sampled softmax, both with logQ correction.
+"""The contrastive loss with extra (bank) negatives and logQ correction (the concept classifier's sampled
+softmax is :func:`carls_dask.nn.sampled_softmax_loss`).
 
-Pure torch functions; they know nothing of Dask or the bank.
+A pure torch function; it knows nothing of Dask or the bank.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import torch
 
 from carls_dask.errors import InvalidShapeError
 
-__all__ = ["contrastive_loss", "sampled_softmax_loss"]
+__all__ = ["contrastive_loss"]
 
 _NEG_INF = -1e9
 
@@ -60,31 +61,3 @@ def contrastive_loss(query: torch.Tensor, positives: torch.Tensor, scale: torch.
         logits = torch.cat([logits, extra], dim=1)
     target = torch.arange(query.shape[0], device=query.device)
     return torch.nn.functional.cross_entropy(logits, target)
-
-
-def sampled_softmax_loss(query: torch.Tensor, true_weights: torch.Tensor, sampled_weights: torch.Tensor,
-                         true_logq: torch.Tensor, sampled_logq: torch.Tensor, accidental: torch.Tensor,
-                         scale: float = 1.0) -> torch.Tensor:
-    """Sampled softmax (Jean et al. 2015) over the true class and shared sampled classes.
-
-    Parameters
-    ----------
-    query
-        ``[B, d]`` inputs' embeddings.
-    true_weights
-        ``[B, d]`` the embedding of each input's class.
-    sampled_weights
-        ``[S, d]`` embeddings of the sampled classes.
-    true_logq, sampled_logq
-        log expected counts of the true classes ``[B]`` and of the sampled ones ``[S]``.
-    accidental
-        ``bool[B, S]``: True where a sampled class is the input's own class (removed).
-    scale
-        Logit scale.
-    """
-    true_logit = scale * (query * true_weights).sum(-1) - true_logq
-    sampled = scale * query @ sampled_weights.T - sampled_logq
-    sampled = sampled.masked_fill(accidental, _NEG_INF)
-    logits = torch.cat([true_logit[:, None], sampled], dim=1)
-    return torch.nn.functional.cross_entropy(logits, torch.zeros(query.shape[0], dtype=torch.long,
-                                                                 device=query.device))

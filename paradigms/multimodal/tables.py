@@ -2,7 +2,7 @@
 
 - ``texts`` and ``images``: one row per train pair (keyed by its row in the corpus), with the corpus
   maker's ``embedding`` and the frozen pretrained features (``pretrained``) the loops read;
-- ``concepts``: the concept classifier's class embeddings, trained in the bank with ``apply_gradients``.
+- ``concepts``: the concept classifier's class embeddings, trained in the bank through a ``BankEmbedding`` layer.
 
 :func:`initialise_bank` runs the frozen pretrained encoders once (EfficientNet-Lite0 for images and,
 with ``text_encoder="minilm"``, all-MiniLM-L6-v2 for texts, both shipped in registry packages) and
