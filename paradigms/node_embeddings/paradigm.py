@@ -31,6 +31,7 @@ from carls_dask.paradigms.node_embeddings.settings import NodeEmbeddingsSettings
 from carls_dask.paradigms.node_embeddings.tables import bank_tables, initialise_bank
 from carls_dask.runtime.context import LoopResult
 from carls_dask.runtime.paradigm import Paradigm
+from carls_dask.storage.runfolder import RunFolder
 
 __all__ = ["NodeEmbeddings"]
 
@@ -80,7 +81,7 @@ class NodeEmbeddings(Paradigm):
         arrays: dict[str, Any] = {"keys": np.arange(data.n_nodes), "labels": data.nouns.labels}
         if data.link is not None:
             arrays["heldout_edges"] = data.link.test
-        np.savez(run_dir / "truth.npz", **arrays)
+        np.savez(RunFolder(run_dir).truth, **arrays)
 
     def summarize(self, settings: NodeEmbeddingsSettings, results: Mapping[str, LoopResult]) -> dict[str, Any]:
         out: dict[str, Any] = dict(results[TRAINER].value or {})
