@@ -22,14 +22,15 @@ from dask.utils import parse_bytes
 from carls_dask import config
 from carls_dask.bank import stages
 from carls_dask.bank.ann import AnnSettings
+from carls_dask.bank.calls import Failed
 from carls_dask.bank.core import LookupRows, ShardCore
 from carls_dask.bank.sampling import NegativeSample
 from carls_dask.bank.schema import TableSpec
 from carls_dask.bank.shard_sampler import SamplingSettings, ShardDraw
-from carls_dask.errors import ShardLostError
+from carls_dask.errors import InvalidBatchError, ShardLostError
 from carls_dask.storage.bankstore import MAKERS_TABLE, BankReplay, encode_makers, restore_point
 
-__all__ = ["MAKERS_TABLE", "OP_ID", "BankShard"]
+__all__ = ["BATCHABLE", "MAKERS_TABLE", "OP_ID", "BankShard"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,10 @@ def _locked(method: _F) -> _F:
 
 #: Methods a retired shard still answers (everything else raises ShardLostError, which re-routes the call).
 _AFTER_RETIRE = frozenset({"close", "retire", "export_state", "ping"})
+
+#: Methods that may run inside :meth:`BankShard.batch` (the batched operations of a training step and
+#: the other per-key reads and writes).
+BATCHABLE = frozenset({"lookup", "update", "apply_gradients", "delete", "contains"})
 
 
 class _Logged:
@@ -255,6 +260,28 @@ class BankShard:
             self._remember(op_id, True)
         return res
 
+    @_locked
+    def batch(self, ops: Sequence[tuple[str, tuple[Any, ...], Mapping[str, Any]]]) -> list[Any]:
+        """Run several calls in order under one hold of the lock: one message for a step's reads and pushes.
+
+        Each ``(method, args, kwargs)`` is one of :data:`BATCHABLE` and answers on its own, as if sent
+        alone: its answer, or :class:`~carls_dask.bank.calls.Failed` carrying its error (the calls after
+        it still run). A retired shard raises for the whole batch, which the client re-routes.
+        """
+        for method, _, _ in ops:
+            if method not in BATCHABLE:
+                raise InvalidBatchError(f"bank shard {self.core.shard}: {method!r} cannot run in a batch; expected "
+                                        f"one of {sorted(BATCHABLE)}")
+        out: list[Any] = []
+        for method, args, kwargs in ops:
+            try:
+                out.append(getattr(self, method)(*args, **kwargs))
+            except ShardLostError:
+                raise
+            except Exception as exc:
+                out.append(Failed(exc))
+        return out
+
     async def call_on_loop(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """``method(*args, **kwargs)`` run on the worker's event loop when the shard is free, else in a thread.
 
@@ -295,12 +322,15 @@ class BankShard:
         grads: Mapping[str, np.ndarray] | np.ndarray,
         column: str = "embedding",
         learning_rate: float | None = None,
+        model_step: int | None = None,
+        maker: str | None = None,
         op_id: int | None = None,
     ) -> np.ndarray:
         """See :meth:`ShardCore.apply_gradients`; a retried batch (same ``op_id``) is not applied twice."""
         if (seen := self._seen(op_id, keys, "apply_gradients")) is not None:
             return np.asarray(seen, dtype=bool)
-        found = self.core.apply_gradients(table, keys, grads, column=column, learning_rate=learning_rate)
+        found = self.core.apply_gradients(table, keys, grads, column=column, learning_rate=learning_rate,
+                                          model_step=model_step, maker=maker)
         if self._log is not None and found.any():
             self._log_upsert(table, np.asarray(keys, dtype=np.int64)[found], op_id)
         stages.mark("shard", "delta log")

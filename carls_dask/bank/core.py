@@ -787,10 +787,14 @@ class ShardCore:
         grads: Mapping[str, Any] | np.ndarray,
         column: str = "embedding",
         learning_rate: float | None = None,
+        model_step: int | None = None,
+        maker: str | None = None,
     ) -> np.ndarray:
         """Apply the table's optimizer to the rows of ``keys`` (duplicate keys' gradients are summed).
 
         Keys that are not in the table are skipped, as in CARLS; the returned mask says which were applied.
+        ``model_step`` and ``maker`` (the trainer's step and name) become the updated rows' provenance;
+        None keeps what the rows had.
         Gradients are cast to the column's compute dtype (see :func:`~carls_dask.bank.optimizers.compute_dtype`)
         and the update runs in it. Each updated row's slots, Adam's per-row ``step`` among them, move one
         step, whatever other rows did: the row alone decides its next update.
@@ -861,7 +865,8 @@ class ShardCore:
         if self._ann:
             self._ann_touch(t, t.keys[urows])
         stages.mark("shard", "write")
-        self._touch(t, urows, now, None, None)
+        self._touch(t, urows, now, None if model_step is None else int(model_step),
+                    None if maker is None else self.maker_code(maker))
         self.written = (t.spec.name, urows)
         return found
 

@@ -41,6 +41,7 @@ __all__ = [
     "check_keys",
     "check_learning_rate",
     "check_max_staleness",
+    "check_provenance",
     "check_sample_size",
     "check_top_k_query",
     "check_update",
@@ -576,11 +577,23 @@ def check_update(
             f"table {table!r}: values must be a non-empty dict of column -> array, got {type(values).__name__}"
         )
     checked = {name: coerce_column_values(table, spec.column(name), v, n) for name, v in values.items()}
-    if isinstance(model_step, bool) or not isinstance(model_step, int | np.integer):
-        raise InvalidDTypeError(f"table {table!r}: model_step must be an int, got {model_step!r}")
-    if not isinstance(maker, str):
-        raise InvalidDTypeError(f"table {table!r}: maker must be a str, got {type(maker).__name__}")
+    check_provenance(table, model_step, maker)
     return checked
+
+
+def check_provenance(table: str, model_step: Any, maker: Any, *, optional: bool = False) -> None:
+    """Check a write's provenance: ``model_step`` an int and ``maker`` a str (either may be None when ``optional``).
+
+    Raises
+    ------
+    InvalidDTypeError
+        For a ``model_step`` that is not an int or a ``maker`` that is not a str.
+    """
+    if not (optional and model_step is None) and (
+            isinstance(model_step, bool) or not isinstance(model_step, int | np.integer)):
+        raise InvalidDTypeError(f"table {table!r}: model_step must be an int, got {model_step!r}")
+    if not (optional and maker is None) and not isinstance(maker, str):
+        raise InvalidDTypeError(f"table {table!r}: maker must be a str, got {type(maker).__name__}")
 
 
 def check_learning_rate(table: str, learning_rate: Any) -> float:
