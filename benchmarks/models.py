@@ -36,7 +36,7 @@ import argparse
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,73 +52,116 @@ DENSE_LR = 2e-3
 
 
 # -- holding tables ---------------------------------------------------------------------------------
-class Tables:
-    """Makes a model's embedding tables, held in this process or in a bank (the only difference of the ways)."""
+@dataclass(frozen=True)
+class TableDef:
+    """One embedding table of a model: its rows and width, the features it serves, and its pooling (None: rows)."""
 
-    name = "in-process"
-
-    def __init__(self) -> None:
-        self.modules: list[nn.Module] = []
-
-    def embedding(self, table: str, rows: int, dim: int) -> nn.Module:
-        m = nn.Embedding(rows, dim, sparse=True)
-        nn.init.normal_(m.weight, std=INIT_SCALE)
-        self.modules.append(m)
-        return m
-
-    def bag(self, table: str, rows: int, dim: int, mode: str = "mean") -> nn.Module:
-        m = nn.EmbeddingBag(rows, dim, mode=mode, sparse=True)
-        nn.init.normal_(m.weight, std=INIT_SCALE)
-        self.modules.append(m)
-        return m
-
-    def optimizers(self, model: nn.Module) -> list[torch.optim.Optimizer]:
-        table_params = [p for m in self.modules for p in m.parameters()]
-        ids = {id(p) for p in table_params}
-        dense = [p for p in model.parameters() if id(p) not in ids]
-        return [torch.optim.Adam(dense, lr=DENSE_LR),
-                torch.optim.Adagrad(table_params, lr=TABLE_LR, initial_accumulator_value=INIT_ACC, eps=0.0)]
-
-    def prefetch(self, model: Any, batch: Any) -> None:
-        """Nothing to prefetch in this process."""
-
-    def finish(self) -> None:
-        """Nothing in flight."""
+    name: str
+    rows: int
+    dim: int
+    features: tuple[str, ...]
+    pooling: str | None = None
 
 
-class BankTables(Tables):
-    """Tables in a bank: one :class:`~carls_dask.nn.BankEmbedding` / ``BankEmbeddingBag`` per table."""
+class InProcessTables(nn.Module):
+    """The tables in this process: ``torch.nn.Embedding`` / ``EmbeddingBag`` with ``sparse=True``, read by feature."""
 
-    def __init__(self, bank: Any, pipeline: bool) -> None:
+    def __init__(self, defs: Sequence[TableDef]) -> None:
         super().__init__()
-        self.bank = bank
-        self.pipeline = pipeline
-        self.name = "bank, pipelined" if pipeline else "bank"
+        self.defs = list(defs)
+        self.tables = nn.ModuleList()
+        for d in self.defs:
+            m = nn.EmbeddingBag(d.rows, d.dim, mode=d.pooling, sparse=True) if d.pooling else \
+                nn.Embedding(d.rows, d.dim, sparse=True)
+            nn.init.normal_(m.weight, std=INIT_SCALE)
+            self.tables.append(m)
 
-    def embedding(self, table: str, rows: int, dim: int) -> nn.Module:
-        from carls_dask.nn import BankEmbedding
+    def forward(self, features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = {}
+        for d, m in zip(self.defs, self.tables, strict=True):
+            for f in d.features:
+                x = features[f]
+                out[f] = m(x if x.dim() == 2 or not d.pooling else x[:, None])
+        return out
 
-        m = BankEmbedding(self.bank, table, pipeline=self.pipeline)
-        self.modules.append(m)
-        return m
 
-    def bag(self, table: str, rows: int, dim: int, mode: str = "mean") -> nn.Module:
-        from carls_dask.nn import BankEmbeddingBag
+class SeparateBankLayers(nn.Module):
+    """The tables in a bank, one :class:`~carls_dask.nn.BankEmbedding` / ``BankEmbeddingBag`` per table, as a
+    user first writes a model (each layer's read is its own call unless the step prefetches)."""
 
-        m = BankEmbeddingBag(self.bank, table, mode=mode, pipeline=self.pipeline)
-        self.modules.append(m)
-        return m
+    def __init__(self, bank: Any, defs: Sequence[TableDef]) -> None:
+        super().__init__()
+        from carls_dask.nn import BankEmbedding, BankEmbeddingBag
+
+        self.defs = list(defs)
+        self.tables = nn.ModuleList([BankEmbeddingBag(bank, d.name, mode=d.pooling) if d.pooling else
+                                     BankEmbedding(bank, d.name) for d in self.defs])
+
+    def _inputs(self, d: TableDef, features: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        return [features[f] if features[f].dim() == 2 or not d.pooling else features[f][:, None] for f in d.features]
+
+    def forward(self, features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {f: m(x) for d, m in zip(self.defs, self.tables, strict=True)
+                for f, x in zip(d.features, self._inputs(d, features), strict=True)}
+
+    def prefetch(self, features: dict[str, torch.Tensor]) -> None:
+        for d, m in zip(self.defs, self.tables, strict=True):
+            for x in self._inputs(d, features):
+                m.prefetch(x)  # type: ignore[operator]
+
+    def flush(self) -> None:
+        for m in self.tables:
+            m.flush()  # type: ignore[operator]
+
+
+def bank_collection(bank: Any, defs: Sequence[TableDef]) -> nn.Module:
+    """Every table in one collection (one message per shard per step): pooled tables in a
+    :class:`~carls_dask.nn.BankEmbeddingBagCollection`, or all in a ``BankEmbeddingCollection`` (no pooling)."""
+    from carls_dask.nn import BankEmbeddingBagCollection, BankEmbeddingCollection, BankTableConfig
+
+    pooled = {d.pooling for d in defs}
+    if None in pooled and len(pooled) > 1:
+        raise ValueError("a benchmark model's tables are all pooled or all unpooled")
+    configs = [BankTableConfig(d.name, feature_names=d.features, pooling=d.pooling or "sum") for d in defs]
+    if None in pooled:
+        return BankEmbeddingCollection(bank, configs)
+    ebc = BankEmbeddingBagCollection(bank, configs)
+    return _Pooled(ebc)
+
+
+class _Pooled(nn.Module):
+    """A bag collection's :class:`KeyedTensor` as a dict by feature (the models read features by name)."""
+
+    def __init__(self, ebc: nn.Module) -> None:
+        super().__init__()
+        self.ebc = ebc
+
+    def forward(self, features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.ebc(features).to_dict()  # type: ignore[no-any-return]
+
+    def prefetch(self, features: dict[str, torch.Tensor]) -> None:
+        self.ebc.prefetch(features)  # type: ignore[operator]
+
+    def flush(self) -> None:
+        self.ebc.flush()  # type: ignore[operator]
+
+
+@dataclass
+class Holding:
+    """How a way holds a model's tables: its name, the module it builds and whether its steps prefetch."""
+
+    name: str
+    make: Callable[[Sequence[TableDef]], nn.Module]
+    bank: Any = None
+    prefetch: bool = False
 
     def optimizers(self, model: nn.Module) -> list[torch.optim.Optimizer]:
-        return [torch.optim.Adam(model.parameters(), lr=DENSE_LR)]
-
-    def prefetch(self, model: Any, batch: Any) -> None:
-        if self.pipeline:
-            model.prefetch(batch)
-
-    def finish(self) -> None:
-        for m in self.modules:
-            m.flush()  # type: ignore[operator]
+        if self.bank is not None:  # the tables are trained by the bank's optimizer
+            return [torch.optim.Adam(model.parameters(), lr=DENSE_LR)]
+        tables = [p for m in model.modules() if isinstance(m, InProcessTables) for p in m.parameters()]
+        ids = {id(p) for p in tables}
+        return [torch.optim.Adam([p for p in model.parameters() if id(p) not in ids], lr=DENSE_LR),
+                torch.optim.Adagrad(tables, lr=TABLE_LR, initial_accumulator_value=INIT_ACC, eps=0.0)]
 
 
 def table_specs(shapes: Sequence[tuple[str, int]]) -> list[Any]:
@@ -178,33 +221,43 @@ class TwoTowerData:
 
 
 class TwoTower(nn.Module):
-    """User tower (user row, mean of the history bag, MLP) against item rows; in-batch and shared negatives."""
+    """User tower (user row, mean of the history rows, MLP) against item rows; in-batch and shared negatives.
 
-    def __init__(self, tables: Tables, data: TwoTowerData, dim: int = 32) -> None:
+    Three tables (``users``, ``history``, ``items``), read by feature through ``tables``; the history bag is
+    pooled here (the mean of a user's 20 rows), so every table is read unpooled, in one collection.
+    """
+
+    DIM = 32
+
+    @staticmethod
+    def defs(data: TwoTowerData) -> list[TableDef]:
+        d = TwoTower.DIM
+        return [TableDef("users", data.users, d, ("user",)), TableDef("history", data.items, d, ("history",)),
+                TableDef("items", data.items, d, ("candidates",))]
+
+    def __init__(self, tables: nn.Module) -> None:
         super().__init__()
-        self.users = tables.embedding("users", data.users, dim)
-        self.history = tables.bag("history", data.items, dim, mode="mean")
-        self.items = tables.embedding("items", data.items, dim)
+        self.tables = tables
         torch.manual_seed(0)
-        self.user_mlp = nn.Sequential(nn.Linear(2 * dim, 64), nn.ReLU(), nn.Linear(64, dim))
+        self.user_mlp = nn.Sequential(nn.Linear(2 * self.DIM, 64), nn.ReLU(), nn.Linear(64, self.DIM))
         self.temperature = 0.1
 
-    def user_vectors(self, user: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
-        x = torch.cat([self.users(user), self.history(history)], dim=1)
+    @staticmethod
+    def features(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"user": batch["user"], "history": batch["history"],
+                "candidates": torch.cat([batch["item"], batch["shared"]])}
+
+    def user_vectors(self, rows: dict[str, torch.Tensor]) -> torch.Tensor:
+        x = torch.cat([rows["user"], rows["history"].mean(dim=1)], dim=1)
         return nn.functional.normalize(self.user_mlp(x), dim=1)
 
-    def item_vectors(self, items: torch.Tensor) -> torch.Tensor:
-        return nn.functional.normalize(self.items(items), dim=1)
-
     def prefetch(self, batch: dict[str, torch.Tensor]) -> None:
-        self.users.prefetch(batch["user"])
-        self.history.prefetch(batch["history"])
-        self.items.prefetch(torch.cat([batch["item"], batch["shared"]]))
+        self.tables.prefetch(self.features(batch))  # type: ignore[operator]
 
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        u = self.user_vectors(batch["user"], batch["history"])
-        candidates = self.item_vectors(torch.cat([batch["item"], batch["shared"]]))
-        logits = u @ candidates.T / self.temperature
+        rows = self.tables(self.features(batch))
+        u = self.user_vectors(rows)
+        logits = u @ nn.functional.normalize(rows["candidates"], dim=1).T / self.temperature
         return nn.functional.cross_entropy(logits, torch.arange(u.shape[0]))
 
 
@@ -214,8 +267,9 @@ def two_tower_quality(model: TwoTower, data: TwoTowerData, users: int = 4_000, s
     who = rng.choice(data.users, size=users, replace=False)
     model.eval()
     with torch.no_grad():
-        u = model.user_vectors(torch.from_numpy(who), torch.from_numpy(data.hist[who]))
-        scores = u @ model.item_vectors(torch.arange(data.items)).T
+        rows = model.tables({"user": torch.from_numpy(who), "history": torch.from_numpy(data.hist[who]),
+                             "candidates": torch.arange(data.items)})
+        scores = model.user_vectors(rows) @ nn.functional.normalize(rows["candidates"], dim=1).T
     model.train()
     s = scores.numpy()
     pos = s[np.arange(users), data.test_items[who]]
@@ -259,27 +313,34 @@ class ClickData:
 
 
 class DLRM(nn.Module):
-    """Bottom MLP on the dense features, one pooled row per sparse feature, pairwise dots, top MLP."""
+    """Bottom MLP on the dense features, one pooled row per sparse feature (a table each), pairwise dots, top MLP."""
 
-    def __init__(self, tables: Tables, data: ClickData, dim: int = 16) -> None:
+    DIM = 16
+
+    @staticmethod
+    def defs(data: ClickData) -> list[TableDef]:
+        return [TableDef(f"t{i}", r, DLRM.DIM, (f"f{i}",), pooling="sum") for i, r in enumerate(data.rows)]
+
+    def __init__(self, tables: nn.Module, data: ClickData) -> None:
         super().__init__()
-        self.features = [f"f{i}" for i in range(len(data.rows))]
-        self.tables = nn.ModuleList([tables.bag(f, r, dim, mode="sum") for f, r in zip(self.features, data.rows,
-                                                                                           strict=True)])
+        self.tables = tables
+        self.names = [f"f{i}" for i in range(len(data.rows))]
         torch.manual_seed(0)
-        self.bottom = nn.Sequential(nn.Linear(data.dense, 64), nn.ReLU(), nn.Linear(64, dim), nn.ReLU())
+        self.bottom = nn.Sequential(nn.Linear(data.dense, 64), nn.ReLU(), nn.Linear(64, self.DIM), nn.ReLU())
         k = len(data.rows) + 1
         self.pairs = torch.triu_indices(k, k, offset=1)
-        self.top = nn.Sequential(nn.Linear(dim + self.pairs.shape[1], 64), nn.ReLU(), nn.Linear(64, 1))
+        self.top = nn.Sequential(nn.Linear(self.DIM + self.pairs.shape[1], 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def features(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {f: batch["ids"][:, i] for i, f in enumerate(self.names)}
 
     def prefetch(self, batch: dict[str, torch.Tensor]) -> None:
-        for f, t in enumerate(self.tables):
-            t.prefetch(batch["ids"][:, f:f + 1])  # type: ignore[operator]
+        self.tables.prefetch(self.features(batch))  # type: ignore[operator]
 
     def logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         d = self.bottom(batch["dense"])
-        rows = [t(batch["ids"][:, f:f + 1]) for f, t in enumerate(self.tables)]
-        z = torch.stack([d, *rows], dim=1)
+        rows = self.tables(self.features(batch))
+        z = torch.stack([d, *(rows[f] for f in self.names)], dim=1)
         inter = torch.bmm(z, z.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
         return self.top(torch.cat([d, inter], dim=1)).squeeze(1)
 
@@ -311,18 +372,22 @@ def click_quality(model: DLRM, test: dict[str, torch.Tensor]) -> dict[str, float
 class Single(nn.Module):
     """One table of Zipf keys under an MLP 64-256-256-1; a key's label is its parity."""
 
-    def __init__(self, tables: Tables, rows: int = 1_000_000, dim: int = 64) -> None:
+    @staticmethod
+    def defs(rows: int = 1_000_000, dim: int = 64) -> list[TableDef]:
+        return [TableDef("ids", rows, dim, ("ids",))]
+
+    def __init__(self, tables: nn.Module, dim: int = 64) -> None:
         super().__init__()
-        self.embedding = tables.embedding("ids", rows, dim)
+        self.tables = tables
         torch.manual_seed(0)
         self.mlp = nn.Sequential(nn.Linear(dim, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
         self.correct: list[float] = []
 
     def prefetch(self, batch: torch.Tensor) -> None:
-        self.embedding.prefetch(batch)  # type: ignore[operator]
+        self.tables.prefetch({"ids": batch})  # type: ignore[operator]
 
     def loss(self, batch: torch.Tensor) -> torch.Tensor:
-        z = self.mlp(self.embedding(batch)).squeeze(-1)
+        z = self.mlp(self.tables({"ids": batch})["ids"]).squeeze(-1)
         y = (batch % 2).to(torch.float32)
         self.correct.append(float(((z > 0).float() == y).float().mean()))
         return nn.functional.binary_cross_entropy_with_logits(z, y)
@@ -338,70 +403,86 @@ def zipf_keys(rows: int, batch: int, n: int, seed: int) -> list[torch.Tensor]:
 class Way:
     """One way of holding a model's tables, its model and optimizers, and what its steps took."""
 
-    tables: Tables
+    holding: Holding
     model: Any
     optimizers: list[torch.optim.Optimizer]
     times: list[float] = field(default_factory=list)
-    calls: list[float] = field(default_factory=list)
+    costs: list[Any] = field(default_factory=list)
     quality: dict[str, float] = field(default_factory=dict)
+
+    def cost(self, what: str) -> float | None:
+        """A step-profile figure per step over every block of this way."""
+        got = [(c.steps, getattr(c, what)) for c in self.costs if getattr(c, what) is not None]
+        steps = sum(n for n, _ in got)
+        return sum(n * v for n, v in got) / steps if got and steps else None
 
     @property
     def name(self) -> str:
-        return self.tables.name
+        return self.holding.name
 
-    def run(self, batches: Sequence[Any], upto: int, record: bool = True) -> None:
-        """Train on ``batches[:upto]`` (prefetching ``batches[i + 1]`` at step ``i`` when pipelined)."""
-        for i in range(upto):
-            t0 = time.perf_counter()
-            if i + 1 < len(batches):
-                self.tables.prefetch(self.model, batches[i + 1])
-            loss = self.model.loss(batches[i])
-            for o in self.optimizers:
-                o.zero_grad()
-            loss.backward()
-            for o in self.optimizers:
-                o.step()
-            if record:
-                self.times.append(time.perf_counter() - t0)
+    @property
+    def bank(self) -> Any:
+        return self.holding.bank
+
+    def step(self, batches: Sequence[Any], i: int) -> None:
+        """Step ``i`` of the documented training loop: prefetch the next batch's rows (when the way does), then
+        forward, backward and the dense optimizer's step."""
+        if self.holding.prefetch and i + 1 < len(batches):
+            self.model.prefetch(batches[i + 1])
+        loss = self.model.loss(batches[i])
+        for o in self.optimizers:
+            o.zero_grad()
+        loss.backward()
+        for o in self.optimizers:
+            o.step()
+
+    def flush(self) -> None:
+        """Wait until the way's pushes have landed (nothing to wait for in this process)."""
+        if self.bank is not None:
+            self.bank.flush()
 
     @property
     def steps_per_s(self) -> float:
         return 1.0 / statistics.median(self.times)
 
 
-def messages_per_shard_step(way: Way, steps: int) -> float | None:
-    bank = getattr(way.tables, "bank", None)
-    if bank is None:
-        return None
-    return bank.counters.messages / steps / bank.n_shards
+class _CpuOnly:
+    """The trainer's CPU per step where no bank is involved (the in-process way)."""
+
+    def __init__(self) -> None:
+        self._cpu, self._wall = time.process_time(), time.perf_counter()
+
+    def stop(self, steps: int) -> Any:
+        from carls_dask.bank.stepprofile import StepCost
+
+        n = max(steps, 1)
+        return StepCost(steps, 0.0, 0.0, 0.0, 0.0, 0.0, (time.process_time() - self._cpu) * 1e3 / n, None,
+                        (time.perf_counter() - self._wall) * 1e3 / n)
 
 
 def run_in_turns(ways: Sequence[Way], batches: Sequence[Any], rounds: int, warmup: int = 5) -> None:
-    """Each way trains ``batches`` in ``rounds`` blocks, the ways taking turns block by block."""
+    """Each way trains ``batches`` in ``rounds`` blocks, the ways taking turns block by block.
+
+    Each block ends with the way's pushes landed, so what it sent and the CPU it took (this process's and,
+    for a bank, the shards') belong to that block; a way's step profile sums its blocks.
+    """
+    from carls_dask.bank.stepprofile import StepProfile
+
     n = len(batches)
     edges = np.linspace(0, n, rounds + 1).astype(int)
     done = [0] * len(ways)
     for r in range(rounds):
         for w_i, way in enumerate(ways):
             start, stop = done[w_i], int(edges[r + 1])
+            prof: Any = StepProfile(way.bank, shards=True) if way.bank is not None else _CpuOnly()
             for i in range(start, stop):
                 t0 = time.perf_counter()
-                if i + 1 < n:
-                    way.tables.prefetch(way.model, batches[i + 1])
-                loss = way.model.loss(batches[i])
-                for o in way.optimizers:
-                    o.zero_grad()
-                loss.backward()
-                for o in way.optimizers:
-                    o.step()
+                way.step(batches, i)
                 if i >= warmup:
                     way.times.append(time.perf_counter() - t0)
+            way.flush()
+            way.costs.append(prof.stop(stop - start))
             done[w_i] = stop
-    for way in ways:
-        way.tables.finish()
-        c = messages_per_shard_step(way, n)
-        if c is not None:
-            way.calls.append(c)
 
 
 def start_cluster(threads: int) -> tuple[Any, Any]:
@@ -412,68 +493,89 @@ def start_cluster(threads: int) -> tuple[Any, Any]:
     return cluster, Client(cluster)
 
 
-def report(title: str, ways: Sequence[Way], bank: Any) -> None:
+def report(title: str, ways: Sequence[Way]) -> None:
     base = ways[0].steps_per_s
     print(f"\n{title}")
-    print(f"  {'tables held by':<20} {'steps/s':>8} {'x in-process':>13} {'calls/shard/step':>17}   quality")
+    print(f"  {'tables held by':<28} {'steps/s':>7} {'x in-proc':>9} {'calls/shard':>11} {'KB':>6} {'wait ms':>7} "
+          f"{'trainer CPU ms':>14} {'shard CPU ms':>12}   quality")
+
+    def fmt(v: float | None, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
     for w in ways:
         q = ", ".join(f"{k} {v:.4f}" for k, v in w.quality.items())
-        c = w.calls[0] if w.calls else None
-        cs = "-" if c is None else f"{c:.2f}"
-        print(f"  {w.name:<20} {w.steps_per_s:>8.1f} {w.steps_per_s / base:>12.2f}x {cs:>17}   {q}")
+        bank = w.bank
+        calls = None if bank is None else (w.cost("messages") or 0.0) / bank.n_shards
+        print(f"  {w.name:<28} {w.steps_per_s:>7.1f} {w.steps_per_s / base:>8.2f}x {fmt(calls, '.2f'):>11} "
+              f"{fmt(w.cost('kb') if bank else None, '.0f'):>6} {fmt(w.cost('wait_ms') if bank else None, '.1f'):>7} "
+              f"{fmt(w.cost('trainer_cpu_ms'), '.1f'):>14} {fmt(w.cost('shard_cpu_ms'), '.1f'):>12}   {q}")
+    print("  per step: bank calls per shard, KB sent and received, ms the sending threads waited (in the background "
+          "when prefetched), CPU ms of this process and of the shards' processes")
 
 
-MODELS: dict[str, Callable[..., None]] = {}
+def holdings(client: Any, defs: Sequence[TableDef], layouts: Sequence[str]) -> list[Holding]:
+    """In-process tables, then for each layout a bank way without and with prefetching (a fresh bank each)."""
+    from carls_dask.bank import KnowledgeBank
+
+    out = [Holding("in-process", lambda d: InProcessTables(d))]
+    for layout in layouts:
+        for prefetch in (False, True):
+            bank = KnowledgeBank.create(client, table_specs([(d.name, d.dim) for d in defs]), n_shards=2, timeout=300)
+            make = (lambda d, b=bank: bank_collection(b, d)) if layout == "collection" else \
+                (lambda d, b=bank: SeparateBankLayers(b, d))
+            label = "bank" + ("" if layout == "collection" else ", separate layers") + (", pipelined" if prefetch else "")
+            out.append(Holding(label, make, bank, prefetch))
+    return out
 
 
-def model(name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    def register(fn: Callable[..., None]) -> Callable[..., None]:
+def ways_of(holdings_: Sequence[Holding], defs: Sequence[TableDef], model: Callable[[nn.Module], Any]) -> list[Way]:
+    ways = []
+    for h in holdings_:
+        m = model(h.make(defs))
+        ways.append(Way(h, m, h.optimizers(m)))
+    return ways
+
+
+MODELS: dict[str, Callable[..., list[Way]]] = {}
+
+
+def registered(name: str) -> Callable[[Callable[..., list[Way]]], Callable[..., list[Way]]]:
+    def register(fn: Callable[..., list[Way]]) -> Callable[..., list[Way]]:
         MODELS[name] = fn
         return fn
     return register
 
 
-def ways_of(make: Callable[[Tables], Any], client: Any, shapes: Sequence[tuple[str, int]]) -> Iterator[Way]:
-    from carls_dask.bank import KnowledgeBank
-
-    yield _way(Tables(), make)
-    for pipeline in (False, True):
-        bank = KnowledgeBank.create(client, table_specs(shapes), n_shards=2, timeout=300)
-        yield _way(BankTables(bank, pipeline), make)
-
-
-def _way(tables: Tables, make: Callable[[Tables], Any]) -> Way:
-    m = make(tables)
-    return Way(tables, m, tables.optimizers(m))
-
-
-@model("two-tower")
-def run_two_tower(client: Any, steps: int, rounds: int, seed: int) -> list[Way]:
+@registered("two-tower")
+def run_two_tower(client: Any, steps: int, rounds: int, seed: int, layouts: Sequence[str]) -> list[Way]:
     data = TwoTowerData(seed=seed)
     batches = data.batches(1_024, steps, shared=512, seed=seed + 1)
-    ways = list(ways_of(lambda t: TwoTower(t, data), client, [("users", 32), ("history", 32), ("items", 32)]))
+    defs = TwoTower.defs(data)
+    ways = ways_of(holdings(client, defs, layouts), defs, TwoTower)
     run_in_turns(ways, batches, rounds)
     for w in ways:
         w.quality = two_tower_quality(w.model, data)
     return ways
 
 
-@model("dlrm")
-def run_dlrm(client: Any, steps: int, rounds: int, seed: int) -> list[Way]:
+@registered("dlrm")
+def run_dlrm(client: Any, steps: int, rounds: int, seed: int, layouts: Sequence[str]) -> list[Way]:
     data = ClickData(seed=seed)
     batches = data.batches(2_048, steps, seed=seed + 1)
     test = data.sample(50_000, np.random.default_rng(seed + 2))
-    ways = list(ways_of(lambda t: DLRM(t, data), client, [(f"f{i}", 16) for i in range(len(data.rows))]))
+    defs = DLRM.defs(data)
+    ways = ways_of(holdings(client, defs, layouts), defs, lambda t: DLRM(t, data))
     run_in_turns(ways, batches, rounds)
     for w in ways:
         w.quality = click_quality(w.model, test)
     return ways
 
 
-@model("single")
-def run_single(client: Any, steps: int, rounds: int, seed: int) -> list[Way]:
+@registered("single")
+def run_single(client: Any, steps: int, rounds: int, seed: int, layouts: Sequence[str]) -> list[Way]:
     batches = zipf_keys(1_000_000, 4_096, steps, seed)
-    ways = list(ways_of(lambda t: Single(t), client, [("ids", 64)]))
+    defs = Single.defs()
+    ways = ways_of(holdings(client, defs, layouts), defs, Single)
     run_in_turns(ways, batches, rounds)
     for w in ways:
         w.quality = {"accuracy": float(np.mean(w.model.correct[-50:]))}
@@ -486,20 +588,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=300, help="training steps of every way of a model")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layouts", default="collection",
+                   help="how the bank ways hold the tables: collection (one collection module), layers (one layer "
+                        "per table, as a model is first written), or both, comma-separated")
     p.add_argument("--threads", type=int, default=1, help="threads per bank worker")
+    p.add_argument("--torch-threads", type=int, default=0,
+                   help="torch's intra-op threads in this (the trainer's) process (0: torch's default)")
     args = p.parse_args(argv)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    print(f"torch threads in the trainer: {torch.get_num_threads()}; bank: 2 shards on a LocalCluster of 2 workers x "
+          f"{args.threads} thread")
     warnings.filterwarnings("ignore", category=UserWarning)
     cluster, client = start_cluster(args.threads)
     try:
         for name in args.models.split(","):
             t0 = time.perf_counter()
-            ways = MODELS[name](client, args.steps, args.rounds, args.seed)
+            ways = MODELS[name](client, args.steps, args.rounds, args.seed, args.layouts.split(","))
             report(f"{name}: {args.steps} steps per way in {args.rounds} rounds ({time.perf_counter() - t0:.0f} s)",
-                   ways, None)
+                   ways)
             for w in ways:
-                bank = getattr(w.tables, "bank", None)
-                if bank is not None:
-                    bank.close()
+                if w.bank is not None:
+                    w.bank.close()
     finally:
         client.close()
         cluster.close()

@@ -246,12 +246,13 @@ class BankShard:
         keys: np.ndarray,
         columns: Sequence[str] | None = None,
         insert: bool = False,
+        counts: np.ndarray | None = None,
         op_id: int | None = None,
     ) -> LookupRows:
         """See :meth:`ShardCore.lookup_rows`; a retried ``insert`` batch (same ``op_id``) only reads."""
         if insert and self._seen(op_id, keys, "lookup") is not None:
             insert = False
-        res = self.core.lookup_rows(table, keys, columns=columns, insert=insert)
+        res = self.core.lookup_rows(table, keys, columns=columns, insert=insert, counts=counts)
         if insert:
             if self._log is not None:  # allocations and frequencies are state: log the rows
                 self._log_evictions(table)
@@ -411,9 +412,10 @@ class BankShard:
 
     @_locked
     def stats(self) -> dict[str, Any]:
-        """See :meth:`ShardCore.stats`, plus the worker-side wall time."""
+        """See :meth:`ShardCore.stats`, plus the worker-side wall time and the CPU seconds its process has used."""
         out = self.core.stats()
         out["wall_time"] = time.time()
+        out["process_cpu_s"] = time.process_time()
         out["logging"] = self._log is not None
         return out
 

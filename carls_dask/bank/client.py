@@ -39,6 +39,7 @@ from carls_dask.bank.sampling import SAMPLERS, NegativeSample
 from carls_dask.bank.schema import (
     TableSpec,
     check_batch_size,
+    check_counts,
     check_gradients,
     check_keys,
     check_max_staleness,
@@ -227,9 +228,9 @@ class BankBatch:
         return fut
 
     def lookup(self, table: str, keys: Any, columns: Sequence[str] | None = None, insert: bool = False,
-               max_staleness: float | None = None) -> concurrent.futures.Future[LookupResult]:
+               max_staleness: float | None = None, *, counts: Any = None) -> concurrent.futures.Future[LookupResult]:
         """:meth:`KnowledgeBank.lookup`, sent with the batch."""
-        return self._add(self.bank._plan_lookup(table, keys, columns, insert, max_staleness))
+        return self._add(self.bank._plan_lookup(table, keys, columns, insert, max_staleness, counts))
 
     def update(self, table: str, keys: Any, values: Mapping[str, Any], *, model_step: int = 0,
                maker: str = "") -> concurrent.futures.Future[int]:
@@ -655,30 +656,35 @@ class KnowledgeBank:
         columns: Sequence[str] | None = None,
         insert: bool = False,
         max_staleness: float | None = None,
+        *,
+        counts: Any = None,
     ) -> LookupResult:
         """Read rows of ``keys`` in order (see :meth:`ShardCore.lookup`); missing keys are flagged in ``found``.
 
         With ``insert=True`` missing keys are allocated with the deterministic initializer and every
-        occurrence of a key adds one to its frequency.
+        occurrence of a key adds one to its frequency -- or, with ``counts`` (``int64[n]``, >= 1), adds
+        ``counts[i]`` for ``keys[i]``: a caller that sends each key once says how often it occurred.
         """
-        return self._run(self._plan_lookup(table, keys, columns, insert, max_staleness))
+        return self._run(self._plan_lookup(table, keys, columns, insert, max_staleness, counts))
 
     def _plan_lookup(self, table: str, keys: Any, columns: Sequence[str] | None, insert: bool,
-                     max_staleness: float | None) -> _Plan:
+                     max_staleness: float | None, counts: Any = None) -> _Plan:
         stages.begin()
         spec = self.spec(table)
         names = list(spec.column_names) if columns is None else [spec.column(c).name for c in columns]
         check_max_staleness(table, max_staleness)
         k = self._keys(table, keys)
+        c = None if counts is None else check_counts(table, counts, k.shape[0])
         stages.mark("client", "key conversion")
         routes = self._route(k)
-        split = [(s, k[idx]) for s, idx in routes]
+        split = [(s, k[idx], None if c is None else c[idx]) for s, idx in routes]
         stages.mark("client", "splitting")
         if insert:  # allocates and counts: a mutating batch
-            calls = [ShardCall(s, "lookup", (table, ks, names), {"insert": True}, mutating=True,
-                               on_loop=ks.size <= _LOOP_KEYS) for s, ks in split]
+            calls = [ShardCall(s, "lookup", (table, ks, names), {"insert": True} if cs is None else
+                               {"insert": True, "counts": cs}, mutating=True, on_loop=ks.size <= _LOOP_KEYS)
+                     for s, ks, cs in split]
         else:  # a read, which a remote shard serves on its worker's event loop
-            calls = [ShardCall(s, "lookup", (table, ks, names), on_loop=True) for s, ks in split]
+            calls = [ShardCall(s, "lookup", (table, ks, names), on_loop=True) for s, ks, _ in split]
 
         def merge(parts: list[Any]) -> LookupResult:
             if len(routes) == 1:

@@ -32,6 +32,7 @@ from carls_dask.bank.rowview import RowView, live_rows
 from carls_dask.bank.sampling import NegativeSample
 from carls_dask.bank.schema import (
     Column,
+    check_counts,
     TableSpec,
     check_gradients,
     check_keys,
@@ -508,9 +509,13 @@ class ShardCore:
         return self.lookup_rows(table, keys, columns, insert).result(max_staleness)
 
     def lookup_rows(
-        self, table: str, keys: Any, columns: Sequence[str] | None = None, insert: bool = False
+        self, table: str, keys: Any, columns: Sequence[str] | None = None, insert: bool = False,
+        counts: np.ndarray | None = None,
     ) -> LookupRows:
-        """:meth:`lookup` in the compact form a shard sends (see :class:`LookupRows`)."""
+        """:meth:`lookup` in the compact form a shard sends (see :class:`LookupRows`).
+
+        ``counts`` (with ``insert``): how much each key adds to its frequency, instead of one per occurrence.
+        """
         t = self.table(table)
         names = list(t.spec.column_names) if columns is None else [t.spec.column(c).name for c in columns]
         now = self.clock()
@@ -521,7 +526,10 @@ class ShardCore:
             bnd = self.bounds.get(t.spec.name)
             if bnd is not None and bnd.ttl_due(now):
                 self._expire(t, bnd, now)
+            given = None if counts is None else check_counts(table, counts, k.shape[0])
             first, inverse, counts = dedupe(k, h)
+            if given is not None:  # each key adds what the caller counted for it (summed over repeats)
+                counts = np.bincount(inverse, weights=given, minlength=first.shape[0]).astype(np.int64)
             uniq = k[first]
             stages.mark("shard", "dedupe")
             urows = t.index.find(uniq, t.keys, h[first])

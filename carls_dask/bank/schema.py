@@ -36,6 +36,7 @@ __all__ = [
     "Column",
     "TableSpec",
     "check_batch_size",
+    "check_counts",
     "check_finite",
     "check_gradients",
     "check_keys",
@@ -579,6 +580,29 @@ def check_update(
     checked = {name: coerce_column_values(table, spec.column(name), v, n) for name, v in values.items()}
     check_provenance(table, model_step, maker)
     return checked
+
+
+def check_counts(table: str, counts: Any, n: int) -> np.ndarray:
+    """Validate a lookup's ``counts`` (how often each of ``n`` keys counts in its frequency): ``int64[n]``, each >= 1.
+
+    Raises
+    ------
+    InvalidShapeError
+        For counts of another length or shape.
+    InvalidDTypeError
+        For counts that are not integers.
+    InvalidBatchError
+        For a count below 1.
+    """
+    c = np.asarray(counts)
+    if c.shape != (n,):
+        raise InvalidShapeError(f"table {table!r}: counts of shape {c.shape}; expected ({n},), one per key")
+    if c.size and c.dtype.kind not in "iu":
+        raise InvalidDTypeError(f"table {table!r}: counts of dtype {c.dtype}; expected integers")
+    c = np.ascontiguousarray(c, dtype=np.int64)
+    if c.size and int(c.min()) < 1:
+        raise InvalidBatchError(f"table {table!r}: counts hold {int(c.min())}; expected every count >= 1")
+    return c
 
 
 def check_provenance(table: str, model_step: Any, maker: Any, *, optional: bool = False) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from carls_dask.bank.batchpass import dedupe
 from carls_dask.bank.gradsum import sum_by_row
 from carls_dask.errors import ConfigError, InvalidBatchError, InvalidShapeError
 from carls_dask.nn.keys import LayerKeys, as_keys, padding_key_of
@@ -41,24 +42,36 @@ BAG_MODES = ("sum", "mean", "max")
 class _Rows:
     """What the autograd function carries from forward to backward (not a tensor, so autograd ignores it)."""
 
-    __slots__ = ("keys", "layer", "rows")
+    __slots__ = ("keys", "layer", "rows", "unique")
 
-    def __init__(self, layer: BankLayer, keys: np.ndarray, rows: torch.Tensor) -> None:
+    def __init__(self, layer: BankLayer, keys: np.ndarray, rows: torch.Tensor, unique: bool = False) -> None:
         self.layer = layer
         self.keys = keys
         self.rows = rows
+        self.unique = unique
 
 
 class _Pending:
-    """A layer's read asked for and not finished: the keys, the padding mask and the read itself."""
+    """A layer's read asked for and not finished: the keys, the padding mask, the distinct keys read (and where
+    each key's row is among them) and the read itself."""
 
-    __slots__ = ("flat", "pad", "read", "use")
+    __slots__ = ("flat", "inverse", "pad", "read", "uniq", "use")
 
-    def __init__(self, flat: np.ndarray, pad: np.ndarray | None, use: np.ndarray, read: Any) -> None:
+    def __init__(self, flat: np.ndarray, pad: np.ndarray | None, use: np.ndarray, uniq: np.ndarray,
+                 inverse: np.ndarray, read: Any) -> None:
         self.flat = flat
         self.pad = pad
         self.use = use
+        self.uniq = uniq
+        self.inverse = inverse
         self.read = read
+
+
+def distinct_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct keys of a batch in order of first occurrence, where each key is among them, and how often
+    each occurs (the bank's compiled hash pass)."""
+    pos, inverse, counts = dedupe(keys)
+    return keys[pos], inverse, counts
 
 
 class _BankRowsFunction(torch.autograd.Function):
@@ -77,7 +90,7 @@ class _BankRowsFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None]:
         payload: _Rows = ctx.payload
-        payload.layer._push_gradient(payload.keys, grad)
+        payload.layer._push_gradient(payload.keys, grad, payload.unique)
         return None, None
 
 
@@ -186,18 +199,34 @@ class BankLayer(nn.Module):
     def begin_rows(self, flat: np.ndarray, insert: bool) -> _Pending:
         """Ask for the rows of ``flat`` keys (padding left out): matched to a prefetch or held in the bank's
         queue, not sent yet. :meth:`finish_rows` sends and waits; a collection begins every table's read
-        before it finishes one, so they travel together."""
+        before it finishes one, so they travel together.
+
+        Each distinct key is read once (with insert, it counts once per occurrence all the same), so a
+        batch's repeated keys neither travel nor come back twice; backward sums their gradients into the
+        distinct rows, as ``torch.nn.Embedding``'s sparse gradient does before its optimizer steps.
+        """
         pad = None if self._pad is None else flat == self._pad
         use = flat if pad is None or not pad.any() else flat[~pad]
-        read = self.rows.begin_read(use, insert) if use.size else None
-        return _Pending(flat, pad, use, read)
+        if not use.size:
+            return _Pending(flat, pad, use, use, use, None)
+        uniq, inverse, counts = distinct_keys(use)
+        read = self.rows.begin_read(uniq, insert, counts if insert and uniq.shape[0] < use.shape[0] else None)
+        return _Pending(flat, pad, use, uniq, inverse, read)
+
+    def finish_unique(self, p: _Pending) -> tuple[torch.Tensor, np.ndarray]:
+        """The ``[u, *row]`` rows of the distinct keys :meth:`begin_rows` asked for, on the bank gradient path,
+        and where each (non-padding) key's row is among them."""
+        got = self._tensor(self.rows.end_read(p.read))
+        return self.track(p.uniq, got, unique=True), p.inverse
 
     def finish_rows(self, p: _Pending) -> torch.Tensor:
         """The ``[n, *row]`` rows :meth:`begin_rows` asked for, padding keys as zero rows, on the bank gradient path."""
         n = int(p.flat.shape[0])
         if p.read is None:
             return torch.zeros((n, *self.source.row_shape), dtype=self._anchor.dtype, device=self._anchor.device)
-        t = self.track(p.use, self._tensor(self.rows.end_read(p.read)))
+        u, inverse = self.finish_unique(p)
+        t = u if p.uniq.shape[0] == p.use.shape[0] and _identity(inverse) else \
+            u.index_select(0, torch.from_numpy(inverse).to(u.device))
         if p.pad is None or p.use is p.flat:
             return t
         where = torch.from_numpy(np.flatnonzero(~p.pad)).to(t.device)
@@ -212,20 +241,20 @@ class BankLayer(nn.Module):
             got = np.array(got, order="C")
         return torch.from_numpy(got).to(device=self._anchor.device, dtype=self._anchor.dtype, non_blocking=True)
 
-    def track(self, keys: np.ndarray, rows: torch.Tensor) -> torch.Tensor:
+    def track(self, keys: np.ndarray, rows: torch.Tensor, *, unique: bool = False) -> torch.Tensor:
         """``rows`` of ``keys`` put on the bank gradient path: their gradient is pushed in backward.
 
         Returns ``rows`` unchanged when the layer is not trainable, is in eval mode, or gradients are
         disabled. Rows read separately (say, with and without insert) and tracked together are pushed as
-        one update, duplicates summed.
+        one update, duplicates summed (``unique=True`` says ``keys`` holds none).
         """
         if not (self.trainable and self.training and torch.is_grad_enabled()):
             return rows
         anchor_leaf = torch.empty(0, device=rows.device, requires_grad=True)
-        out: torch.Tensor = _BankRowsFunction.apply(anchor_leaf, _Rows(self, keys, rows))
+        out: torch.Tensor = _BankRowsFunction.apply(anchor_leaf, _Rows(self, keys, rows, unique))
         return out
 
-    def _push_gradient(self, keys: np.ndarray, grad: torch.Tensor) -> None:
+    def _push_gradient(self, keys: np.ndarray, grad: torch.Tensor, unique: bool = False) -> None:
         """Sum the gradient of duplicate keys, move it to the host once, push it.
 
         On the host the sum is the bank's own (:func:`~carls_dask.bank.gradsum.sum_by_row`: one compiled
@@ -234,9 +263,12 @@ class BankLayer(nn.Module):
         """
         n = int(keys.shape[0])
         g = grad.detach().reshape(n, -1)
-        uniq, inverse = np.unique(keys, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        if uniq.shape[0] == n:
+        if unique:
+            uniq, inverse = keys, None
+        else:
+            uniq, inverse = np.unique(keys, return_inverse=True)
+            inverse = inverse.reshape(-1)
+        if inverse is None or uniq.shape[0] == n:
             out_keys, host = keys, g.to("cpu").numpy()
         elif g.device.type == "cpu":
             first, host = sum_by_row(inverse, g.numpy())
@@ -261,7 +293,9 @@ class BankLayer(nn.Module):
         if self._pad is not None:
             flat = flat[flat != self._pad]
         if flat.size:
-            self.rows.prefetch(flat, self.inserting() if insert is None else bool(insert))
+            ins = self.inserting() if insert is None else bool(insert)
+            uniq, _, counts = distinct_keys(flat)
+            self.rows.prefetch(uniq, ins, counts if ins and uniq.shape[0] < flat.shape[0] else None)
 
     def _bag_keys(self, input: Any) -> LayerKeys:
         """``input`` as keys (the bag also checks its shape)."""
@@ -427,12 +461,14 @@ class BankEmbeddingBag(BankLayer):
         """The pooled ``[bags, D]`` rows of bags :meth:`begin_bags` asked for."""
         anchor = self._anchor
         width = self.embedding_dim
-        # rows of the non-padding keys, then one zero row that every padding entry points at
-        rows = self.finish_rows(b.read) if b.read is not None else \
-            torch.zeros((0, width), dtype=anchor.dtype, device=anchor.device)
-        m = int(b.use_pos.shape[0])
+        # rows of the distinct non-padding keys, then one zero row that every padding entry points at
+        if b.read is not None:
+            rows, inverse = self.finish_unique(b.read)
+        else:
+            rows, inverse = torch.zeros((0, width), dtype=anchor.dtype, device=anchor.device), np.empty(0, np.int64)
+        m = int(rows.shape[0])
         idx = np.full(b.flat.shape[0], m, dtype=np.int64)
-        idx[b.use_pos] = np.arange(m)
+        idx[b.use_pos] = inverse
         weight = torch.cat([rows.reshape(m, width), rows.new_zeros((1, width))], 0)
         return nn.functional.embedding_bag(
             torch.from_numpy(idx).to(anchor.device), weight, b.offsets.to(anchor.device), mode=self.mode,
@@ -457,6 +493,11 @@ class _Bags:
         self.weights = weights
         self.use_pos = use_pos
         self.read = read
+
+
+def _identity(inverse: np.ndarray) -> bool:
+    """Whether every key's row is its own (no key repeats and they come in order)."""
+    return bool(inverse.shape[0] == 0 or (inverse[0] == 0 and np.all(np.diff(inverse) == 1)))
 
 
 def _torch_dtype(dtype: Any) -> torch.dtype:

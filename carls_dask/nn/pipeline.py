@@ -116,6 +116,18 @@ class _Push:
     seq: int
     keys: np.ndarray
     future: concurrent.futures.Future[Any]
+    _sorted: np.ndarray | None = None
+
+    def touches(self, keys: np.ndarray) -> np.ndarray:
+        """``bool[n]``: which of ``keys`` (duplicates allowed) this push updates."""
+        if self._sorted is None:
+            self._sorted = np.sort(self.keys)
+        s = self._sorted
+        if s.size == 0:
+            return np.zeros(keys.shape[0], dtype=bool)
+        at = np.searchsorted(s, keys)
+        at[at == s.size] = 0
+        return np.asarray(s[at] == keys)
 
 
 @dataclasses.dataclass
@@ -152,7 +164,7 @@ class BankQueue:
         self._seq: dict[str, int] = {}
         self._pushes: dict[str, collections.deque[_Push]] = {}
         self._open: dict[str, _OpenPush] = {}
-        self._readers: weakref.WeakSet[RowPipeline] = weakref.WeakSet()
+        self._readers: dict[str, weakref.WeakSet[RowPipeline]] = {}
         bank.attach(self)
 
     @classmethod
@@ -170,12 +182,14 @@ class BankQueue:
             self._batch = self.bank.batch()
         return self._batch
 
-    def read(self, table: str, column: str, keys: np.ndarray, insert: bool) -> tuple[int, concurrent.futures.Future[Any]]:
-        """Hold a read of ``keys``; returns the pushes to ``table`` it will include and its future
-        (a :class:`~carls_dask.bank.core.LookupResult` once sent)."""
+    def read(self, table: str, column: str, keys: np.ndarray, insert: bool,
+             counts: np.ndarray | None = None) -> tuple[int, concurrent.futures.Future[Any]]:
+        """Hold a read of ``keys`` (``counts``: what each adds to its frequency with insert); returns the pushes
+        to ``table`` it will include and its future (a :class:`~carls_dask.bank.core.LookupResult` once sent)."""
         with self._lock:
             self._open.pop(table, None)  # a later push to the table must not join one this read follows
-            return self._seq.get(table, 0), self._current().lookup(table, keys, columns=[column], insert=insert)
+            return self._seq.get(table, 0), self._current().lookup(table, keys, columns=[column], insert=insert,
+                                                                   counts=counts)
 
     def push(self, table: str, column: str, keys: np.ndarray, grads: np.ndarray, learning_rate: float | None,
              model_step: int | None = None, maker: str | None = None) -> _Push:
@@ -192,6 +206,7 @@ class BankQueue:
             if rec is not None and rec.parts[0].joins(checked):
                 rec.parts.append(checked)
                 rec.push.keys = np.union1d(rec.push.keys, checked.keys)
+                rec.push._sorted = rec.push.keys  # union1d's answer is sorted
                 return rec.push
             parts = [checked]
             fut = batch.push(lambda: CheckedPush.join(parts))
@@ -211,7 +226,7 @@ class BankQueue:
         missed = np.zeros(keys.shape[0], dtype=np.int64)
         for p in list(self._pushes.get(table, ())):
             if p.seq >= after:
-                missed += np.isin(keys, p.keys, assume_unique=False)
+                missed += p.touches(keys)
         return missed
 
     def pending(self, table: str | None = None) -> int:
@@ -257,16 +272,24 @@ class BankQueue:
         self.send(wait=True, timeout=4.0 * float(getattr(self.bank, "timeout", 60.0)))
 
     def raise_failed(self) -> None:
-        """Raise the error of the oldest push that failed (once), and forget pushes no held read needs."""
+        """Raise the error of the oldest push that failed (once), and forget pushes no held read needs.
+
+        A push lands in order, so only the oldest pushes of a table are done: the scan of a table stops at
+        the first push still in flight.
+        """
         with self._lock:
             for table, pushes in self._pushes.items():
-                failed = next((p for p in pushes if p.future.done() and p.future.exception() is not None), None)
-                if failed is not None:  # it never landed, so no read missed it
-                    pushes.remove(failed)
-                    exc = failed.future.exception()
-                    assert exc is not None
-                    raise exc
-                oldest = min((r.oldest_after(table) for r in list(self._readers)), default=self._seq.get(table, 0))
+                for p in pushes:
+                    if not p.future.done():
+                        break
+                    if p.future.exception() is not None:  # it never landed, so no read missed it
+                        pushes.remove(p)
+                        exc = p.future.exception()
+                        assert exc is not None
+                        raise exc
+                if not pushes or not pushes[0].future.done():
+                    continue
+                oldest = min((r.oldest_after() for r in self._readers.get(table, ())), default=self._seq.get(table, 0))
                 while pushes and pushes[0].future.done() and pushes[0].seq < oldest:
                     pushes.popleft()
 
@@ -295,6 +318,17 @@ class _Read:
     missed: np.ndarray | None = None
     rows: np.ndarray | None = None
     prefetched: bool = True
+    counts: np.ndarray | None = None
+
+    def matches(self, keys: np.ndarray, insert: bool, counts: np.ndarray | None) -> bool:
+        """Whether this read serves a forward of ``keys`` (the same keys, ``insert`` and, inserting, counts)."""
+        if self.insert != insert or self.keys.shape != keys.shape or not np.array_equal(self.keys, keys):
+            return False
+        if not insert or (self.counts is None and counts is None):
+            return True
+        mine = np.ones(keys.shape[0], np.int64) if self.counts is None else self.counts
+        theirs = np.ones(keys.shape[0], np.int64) if counts is None else counts
+        return bool(np.array_equal(mine, theirs))
 
 
 class RowPipeline:
@@ -333,7 +367,7 @@ class RowPipeline:
         """The bank's queue in this process."""
         if self._queue is None:
             self._queue = BankQueue.of(self.column.bank)
-            self._queue._readers.add(self)
+            self._queue._readers.setdefault(self.table, weakref.WeakSet()).add(self)
         return self._queue
 
     # -- pickling: a copy starts with nothing in flight -----------------------------------------------
@@ -349,9 +383,9 @@ class RowPipeline:
     def table(self) -> str:
         return self.column.table
 
-    def oldest_after(self, table: str) -> int:
-        """The oldest push count a held read of ``table`` started after (pushes before it are not needed)."""
-        if table != self.table or not self._reads:
+    def oldest_after(self) -> int:
+        """The oldest push count a held read started after (pushes to the table before it are not needed)."""
+        if not self._reads:
             return 1 << 62
         return min(r.after for r in self._reads)
 
@@ -363,33 +397,35 @@ class RowPipeline:
                                    f"(table {self.table!r}); expected the bank to answer") from None
 
     # -- reads ---------------------------------------------------------------------------------------------
-    def prefetch(self, keys: np.ndarray, insert: bool) -> None:
-        """Hold a read of the rows of ``keys`` (behind every push asked for so far); it travels with the next send."""
+    def prefetch(self, keys: np.ndarray, insert: bool, counts: np.ndarray | None = None) -> None:
+        """Hold a read of the rows of ``keys`` (behind every push asked for so far); it travels with the next send.
+
+        ``counts``: with insert, what each key adds to its frequency (default one).
+        """
         q = self.queue
         q.raise_failed()
         while len(self._reads) >= MAX_PREFETCHES:  # unmatched prefetches: the oldest goes
             self._reads.popleft()
             self.stats.discarded += 1
-        after, fut = q.read(self.table, self.column.column, keys, insert)
-        self._reads.append(_Read(keys, bool(insert), after, fut))
+        after, fut = q.read(self.table, self.column.column, keys, insert, counts)
+        self._reads.append(_Read(keys, bool(insert), after, fut, counts=counts))
 
-    def begin_read(self, keys: np.ndarray, insert: bool) -> _Read:
+    def begin_read(self, keys: np.ndarray, insert: bool, counts: np.ndarray | None = None) -> _Read:
         """The read a forward of ``keys`` will use: a matching prefetch, else a read held now (not sent yet).
 
-        A prefetch matches when it asked for the same keys with the same ``insert``; prefetches held
-        before it are discarded. :meth:`end_read` sends and waits.
+        A prefetch matches when it asked for the same keys with the same ``insert`` (and, inserting, the same
+        ``counts``); prefetches held before it are discarded. :meth:`end_read` sends and waits.
         """
         q = self.queue
         q.raise_failed()
-        at = next((i for i, r in enumerate(self._reads)
-                   if r.insert == bool(insert) and r.keys.shape == keys.shape and np.array_equal(r.keys, keys)), None)
+        at = next((i for i, r in enumerate(self._reads) if r.matches(keys, bool(insert), counts)), None)
         if at is not None:  # prefetches held before the match were never used
             for _ in range(at):
                 self._reads.popleft()
                 self.stats.discarded += 1
             return self._reads.popleft()
-        after, fut = q.read(self.table, self.column.column, keys, insert)
-        return _Read(keys, bool(insert), after, fut, prefetched=False)
+        after, fut = q.read(self.table, self.column.column, keys, insert, counts)
+        return _Read(keys, bool(insert), after, fut, prefetched=False, counts=counts)
 
     def end_read(self, r: _Read) -> np.ndarray:
         """Send what the queue holds (in the background when ``r`` was prefetched and the layer is asynchronous),
@@ -474,15 +510,18 @@ class RowPipeline:
                 assert r.future is not None
                 rows = self.column.rows_of(self._result(r.future, "a prefetched read"), r.keys, r.insert)
             missed = q.missed(self.table, r.keys, r.after) + (0 if r.missed is None else r.missed)
-            out.append({"keys": r.keys, "insert": r.insert, "rows": np.array(rows), "missed": missed})
+            out.append({"keys": r.keys, "insert": r.insert, "rows": np.array(rows), "missed": missed,
+                        "counts": r.counts})
         return out
 
     def import_prefetches(self, reads: list[dict[str, Any]]) -> None:
         """Hold reads from :meth:`export_prefetches` as answered prefetches."""
         after = self.queue.after(self.table)
         for r in reads:
+            counts = r.get("counts")
             self._reads.append(_Read(np.asarray(r["keys"], dtype=np.int64), bool(r["insert"]), after, None,
-                                     np.asarray(r["missed"], dtype=np.int64), rows=np.asarray(r["rows"])))
+                                     np.asarray(r["missed"], dtype=np.int64), rows=np.asarray(r["rows"]),
+                                     counts=None if counts is None else np.asarray(counts, dtype=np.int64)))
 
     def pending(self) -> int:
         """Pushes to the layer's table asked for that have not landed yet."""
