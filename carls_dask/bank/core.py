@@ -32,8 +32,8 @@ from carls_dask.bank.rowview import RowView, live_rows
 from carls_dask.bank.sampling import NegativeSample
 from carls_dask.bank.schema import (
     Column,
-    check_counts,
     TableSpec,
+    check_counts,
     check_gradients,
     check_keys,
     check_max_staleness,
