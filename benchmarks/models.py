@@ -64,16 +64,20 @@ class TableDef:
 
 
 class InProcessTables(nn.Module):
-    """The tables in this process: ``torch.nn.Embedding`` / ``EmbeddingBag`` with ``sparse=True``, read by feature."""
+    """The tables in this process: ``torch.nn.Embedding`` / ``EmbeddingBag`` with ``sparse=True``, read by feature,
+    starting from the values the bank's initializer gives the same keys."""
 
     def __init__(self, defs: Sequence[TableDef]) -> None:
         super().__init__()
         self.defs = list(defs)
         self.tables = nn.ModuleList()
-        for d in self.defs:
+        from carls_dask.nn import initial_rows
+
+        for d, spec in zip(self.defs, table_specs([(d.name, d.dim) for d in self.defs]), strict=True):
             m = nn.EmbeddingBag(d.rows, d.dim, mode=d.pooling, sparse=True) if d.pooling else \
                 nn.Embedding(d.rows, d.dim, sparse=True)
-            nn.init.normal_(m.weight, std=INIT_SCALE)
+            with torch.no_grad():  # the rows the bank's initializer gives the same keys: the ways start equal
+                m.weight.copy_(torch.from_numpy(initial_rows(spec, "embedding", np.arange(d.rows))))
             self.tables.append(m)
 
     def forward(self, features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -493,24 +497,70 @@ def start_cluster(threads: int) -> tuple[Any, Any]:
     return cluster, Client(cluster)
 
 
-def report(title: str, ways: Sequence[Way]) -> None:
-    base = ways[0].steps_per_s
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def report(title: str, runs: Sequence[Sequence[Way]]) -> dict[str, dict[str, float]]:
+    """Print one row per way over every seed's run (steps/s and ratio: medians; quality: mean and std over seeds)
+    and return each way's ratio, calls per shard and quality for the targets."""
     print(f"\n{title}")
-    print(f"  {'tables held by':<28} {'steps/s':>7} {'x in-proc':>9} {'calls/shard':>11} {'KB':>6} {'wait ms':>7} "
-          f"{'trainer CPU ms':>14} {'shard CPU ms':>12}   quality")
-
-    def fmt(v: float | None, spec: str) -> str:
-        return "-" if v is None else format(v, spec)
-
-    for w in ways:
-        q = ", ".join(f"{k} {v:.4f}" for k, v in w.quality.items())
+    print(f"  {'tables held by':<34} {'steps/s':>7} {'x in-proc':>9} {'calls/shard':>11} {'KB':>6} {'wait ms':>7} "
+          f"{'trainer CPU':>11} {'shard CPU':>9}   quality (mean +- std over seeds)")
+    out: dict[str, dict[str, float]] = {}
+    for i, w in enumerate(runs[0]):
+        same = [run[i] for run in runs]
+        rate = statistics.median(x.steps_per_s for x in same)
+        ratio = statistics.median(x.steps_per_s / run[0].steps_per_s for x, run in zip(same, runs, strict=True))
         bank = w.bank
-        calls = None if bank is None else (w.cost("messages") or 0.0) / bank.n_shards
-        print(f"  {w.name:<28} {w.steps_per_s:>7.1f} {w.steps_per_s / base:>8.2f}x {fmt(calls, '.2f'):>11} "
-              f"{fmt(w.cost('kb') if bank else None, '.0f'):>6} {fmt(w.cost('wait_ms') if bank else None, '.1f'):>7} "
-              f"{fmt(w.cost('trainer_cpu_ms'), '.1f'):>14} {fmt(w.cost('shard_cpu_ms'), '.1f'):>12}   {q}")
+
+        def mean(what: str, ways: Sequence[Way] = same) -> float | None:
+            got = [x.cost(what) for x in ways]
+            return None if any(g is None for g in got) else statistics.fmean(g for g in got if g is not None)
+
+        calls = None if bank is None else (mean("messages") or 0.0) / bank.n_shards
+        quality = {}
+        for k in w.quality:
+            vals = [x.quality[k] for x in same]
+            quality[k] = (statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0)
+        q = ", ".join(f"{k} {m:.4f} +- {sd:.4f}" for k, (m, sd) in quality.items())
+        print(f"  {w.name:<34} {rate:>7.1f} {ratio:>8.2f}x {_fmt(calls, '.2f'):>11} "
+              f"{_fmt(mean('kb') if bank else None, '.0f'):>6} {_fmt(mean('wait_ms') if bank else None, '.1f'):>7} "
+              f"{_fmt(mean('trainer_cpu_ms'), '.1f'):>11} {_fmt(mean('shard_cpu_ms'), '.1f'):>9}   {q}")
+        out[w.name] = {"ratio": ratio, "calls": float("nan") if calls is None else calls,
+                       **{f"q:{k}": m for k, (m, _) in quality.items()}, **{f"sd:{k}": sd for k, (_, sd) in quality.items()}}
     print("  per step: bank calls per shard, KB sent and received, ms the sending threads waited (in the background "
-          "when prefetched), CPU ms of this process and of the shards' processes")
+          "when prefetched), CPU ms of this process (trainer) and of the shards' processes")
+    return out
+
+
+#: Targets of each model: the least ratio to in-process of the plain and the pipelined bank.
+TARGETS = {"two-tower": (0.6, 0.8), "dlrm": (0.6, 0.8), "single": (None, 0.8)}
+
+
+def judge(name: str, rows: dict[str, dict[str, float]]) -> list[str]:
+    """PASS/FAIL lines: the ratios against the targets, at most two calls per shard per step, quality within the
+    in-process spread (the larger of two standard deviations over seeds and 1 % of its mean)."""
+    lines = []
+    plain, piped = TARGETS[name]
+    base = rows["in-process"]
+    for way, target in (("bank", plain), ("bank, pipelined", piped)):
+        if target is not None and way in rows:
+            r = rows[way]["ratio"]
+            lines.append(f"{'PASS' if r >= target else 'FAIL'} {name}: {way} {r:.2f}x in-process (target >= {target}x)")
+    for way, row in rows.items():
+        if way == "in-process":
+            continue
+        if way in ("bank", "bank, pipelined"):
+            ok = row["calls"] <= 2.0
+            lines.append(f"{'PASS' if ok else 'FAIL'} {name}: {way} {row['calls']:.2f} bank calls per shard per step "
+                         "(target <= 2)")
+        for k in (k[2:] for k in base if k.startswith("q:")):
+            spread = max(2 * base[f"sd:{k}"], 0.01 * abs(base[f"q:{k}"]))
+            d = row[f"q:{k}"] - base[f"q:{k}"]
+            lines.append(f"{'PASS' if abs(d) <= spread else 'FAIL'} {name}: {way} {k} {row[f'q:{k}']:.4f} vs "
+                         f"in-process {base[f'q:{k}']:.4f} (difference {d:+.4f}, spread {spread:.4f})")
+    return lines
 
 
 def holdings(client: Any, defs: Sequence[TableDef], layouts: Sequence[str]) -> list[Holding]:
@@ -585,9 +635,9 @@ def run_single(client: Any, steps: int, rounds: int, seed: int, layouts: Sequenc
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="two-tower,dlrm,single")
-    p.add_argument("--steps", type=int, default=300, help="training steps of every way of a model")
+    p.add_argument("--steps", type=int, default=600, help="training steps of every way of a model")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default="0,1,2", help="seeds, comma-separated: one run of every way each")
     p.add_argument("--layouts", default="collection",
                    help="how the bank ways hold the tables: collection (one collection module), layers (one layer "
                         "per table, as a model is first written), or both, comma-separated")
@@ -597,22 +647,31 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
+    seeds = [int(x) for x in args.seeds.split(",")]
     print(f"torch threads in the trainer: {torch.get_num_threads()}; bank: 2 shards on a LocalCluster of 2 workers x "
-          f"{args.threads} thread")
+          f"{args.threads} thread; seeds {seeds}")
     warnings.filterwarnings("ignore", category=UserWarning)
     cluster, client = start_cluster(args.threads)
+    verdicts = []
     try:
         for name in args.models.split(","):
             t0 = time.perf_counter()
-            ways = MODELS[name](client, args.steps, args.rounds, args.seed, args.layouts.split(","))
-            report(f"{name}: {args.steps} steps per way in {args.rounds} rounds ({time.perf_counter() - t0:.0f} s)",
-                   ways)
-            for w in ways:
-                if w.bank is not None:
-                    w.bank.close()
+            runs = []
+            for seed in seeds:
+                ways = MODELS[name](client, args.steps, args.rounds, seed, args.layouts.split(","))
+                for w in ways:
+                    if w.bank is not None:
+                        w.bank.close()
+                runs.append(ways)
+            rows = report(f"{name}: {args.steps} steps per way in {args.rounds} rounds, {len(seeds)} seeds "
+                          f"({time.perf_counter() - t0:.0f} s)", runs)
+            verdicts += judge(name, rows)
     finally:
         client.close()
         cluster.close()
+    print()
+    for line in verdicts:
+        print(line)
 
 
 if __name__ == "__main__":

@@ -228,8 +228,16 @@ class BankBatch:
         return fut
 
     def lookup(self, table: str, keys: Any, columns: Sequence[str] | None = None, insert: bool = False,
-               max_staleness: float | None = None, *, counts: Any = None) -> concurrent.futures.Future[LookupResult]:
-        """:meth:`KnowledgeBank.lookup`, sent with the batch."""
+               max_staleness: float | None = None, *, counts: Any = None,
+               late: bool = False) -> concurrent.futures.Future[LookupResult]:
+        """:meth:`KnowledgeBank.lookup`, sent with the batch.
+
+        ``late=True`` checks and routes the keys when the batch is sent, in the sending thread (a bad argument
+        is then that lookup's error): for a caller whose keys are checked already and whose batch is sent
+        by another thread, such as the embedding layers' queue.
+        """
+        if late:
+            return self._add(lambda: self.bank._plan_lookup(table, keys, columns, insert, max_staleness, counts))
         return self._add(self.bank._plan_lookup(table, keys, columns, insert, max_staleness, counts))
 
     def update(self, table: str, keys: Any, values: Mapping[str, Any], *, model_step: int = 0,

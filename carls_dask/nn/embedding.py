@@ -27,7 +27,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from carls_dask.bank.batchpass import dedupe
 from carls_dask.bank.gradsum import sum_by_row
 from carls_dask.errors import ConfigError, InvalidBatchError, InvalidShapeError
 from carls_dask.nn.keys import LayerKeys, as_keys, padding_key_of
@@ -67,11 +66,6 @@ class _Pending:
         self.read = read
 
 
-def distinct_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The distinct keys of a batch in order of first occurrence, where each key is among them, and how often
-    each occurs (the bank's compiled hash pass)."""
-    pos, inverse, counts = dedupe(keys)
-    return keys[pos], inverse, counts
 
 
 class _BankRowsFunction(torch.autograd.Function):
@@ -209,7 +203,7 @@ class BankLayer(nn.Module):
         use = flat if pad is None or not pad.any() else flat[~pad]
         if not use.size:
             return _Pending(flat, pad, use, use, use, None)
-        uniq, inverse, counts = distinct_keys(use)
+        uniq, inverse, counts = self.rows.distinct(use)
         read = self.rows.begin_read(uniq, insert, counts if insert and uniq.shape[0] < use.shape[0] else None)
         return _Pending(flat, pad, use, uniq, inverse, read)
 
@@ -294,7 +288,7 @@ class BankLayer(nn.Module):
             flat = flat[flat != self._pad]
         if flat.size:
             ins = self.inserting() if insert is None else bool(insert)
-            uniq, _, counts = distinct_keys(flat)
+            uniq, _, counts = self.rows.distinct(flat, keep=True)
             self.rows.prefetch(uniq, ins, counts if ins and uniq.shape[0] < flat.shape[0] else None)
 
     def _bag_keys(self, input: Any) -> LayerKeys:

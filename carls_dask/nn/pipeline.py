@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.bank.batchpass import dedupe
 from carls_dask.bank.client import CheckedPush
 from carls_dask.errors import ConfigError, DeadlineExceeded
 from carls_dask.nn.table import BankColumn
@@ -188,8 +189,9 @@ class BankQueue:
         to ``table`` it will include and its future (a :class:`~carls_dask.bank.core.LookupResult` once sent)."""
         with self._lock:
             self._open.pop(table, None)  # a later push to the table must not join one this read follows
+            # the layer checked the keys: they are routed by the thread that sends
             return self._seq.get(table, 0), self._current().lookup(table, keys, columns=[column], insert=insert,
-                                                                   counts=counts)
+                                                                   counts=counts, late=True)
 
     def push(self, table: str, column: str, keys: np.ndarray, grads: np.ndarray, learning_rate: float | None,
              model_step: int | None = None, maker: str | None = None) -> _Push:
@@ -359,6 +361,8 @@ class RowPipeline:
 
     def _init_runtime(self) -> None:
         self._reads: collections.deque[_Read] = collections.deque()
+        self._distinct: collections.deque[tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]] = \
+            collections.deque(maxlen=MAX_PREFETCHES)
         self._queue: BankQueue | None = None
         self.stats = PipelineStats()
 
@@ -397,6 +401,20 @@ class RowPipeline:
                                    f"(table {self.table!r}); expected the bank to answer") from None
 
     # -- reads ---------------------------------------------------------------------------------------------
+    def distinct(self, keys: np.ndarray, *, keep: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The distinct ``keys`` in order of first occurrence, where each key is among them and how often each
+        occurs (the bank's compiled hash pass). ``keep`` remembers the answer for the forward that will
+        ask for the same keys (a prefetch's), so it is computed once."""
+        for i, (k, got) in enumerate(self._distinct):
+            if k.shape == keys.shape and np.array_equal(k, keys):
+                del self._distinct[i]
+                return got
+        pos, inverse, counts = dedupe(keys)
+        got = (keys[pos], inverse, counts)
+        if keep:
+            self._distinct.append((keys, got))
+        return got
+
     def prefetch(self, keys: np.ndarray, insert: bool, counts: np.ndarray | None = None) -> None:
         """Hold a read of the rows of ``keys`` (behind every push asked for so far); it travels with the next send.
 
