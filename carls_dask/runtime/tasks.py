@@ -17,7 +17,10 @@ from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.placement import device_for
 from carls_dask.runtime.trainer import Trainer
 
-__all__ = ["DaskStop", "LoopSpec", "run_loop_task"]
+__all__ = ["STARTED", "DaskStop", "LoopSpec", "run_loop_task"]
+
+#: The ``event`` of the message a loop task sends on its progress topic when it starts.
+STARTED = "started"
 
 logger = logging.getLogger(__name__)
 
@@ -119,10 +122,13 @@ def run_loop_task(spec: LoopSpec) -> LoopResult:
     (``"cpu"`` without CUDA). An exception propagates unchanged: the future fails with the original
     traceback.
     """
-    from distributed import secede
+    from distributed import get_worker, secede
 
     secede()
     obj = spec.obj
+    worker = get_worker()  # tells the Workbench where (again) the loop runs: a restart's one line names it
+    worker.log_event(spec.topic, {"loop": obj.name, "kind": obj.kind, "event": STARTED, "worker": worker.address,
+                                  "time": time.time()})
     ctx = LoopContext(
         name=obj.name,
         kind=obj.kind,

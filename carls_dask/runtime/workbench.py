@@ -45,12 +45,13 @@ from carls_dask.errors import (
 from carls_dask.runtime.channel import ModelChannel, unique_prefix
 from carls_dask.runtime.clusters import make_security, start_cluster
 from carls_dask.runtime.context import LoopResult
+from carls_dask.runtime.durability import cut_line, drop_states_after, newest_cut, rolled_back, snapshot_kept
 from carls_dask.runtime.events import LostLoops, WorkerLossWatch, loss_topic, watch_name
 from carls_dask.runtime.lifecycle import Lifecycle, State
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.placement import BANK, loop_resources, resources_for, worker_resources, workers_with
 from carls_dask.runtime.progress import ProgressBook, ProgressSink
-from carls_dask.runtime.tasks import LoopSpec, run_loop_task
+from carls_dask.runtime.tasks import STARTED, LoopSpec, run_loop_task
 from carls_dask.runtime.trainer import Trainer
 from carls_dask.storage.runfolder import RunFolder
 
@@ -101,6 +102,10 @@ class LoopHandle:
         self.error: BaseException | None = None
         self.result: LoopResult | None = None
         self.restarts = 0
+        #: How the loop was submitted (its spec and ``Client.submit`` keywords), to submit it again after a cut.
+        self.submitted: tuple[Any, dict[str, Any]] | None = None
+        #: A restart under way: when the fault happened (unix time) and what the one line reporting it says so far.
+        self.recovering: tuple[float, str] | None = None
 
     def __repr__(self) -> str:
         return f"<LoopHandle {self.kind} {self.name!r} {self.life.state.value}>"
@@ -185,6 +190,7 @@ class Workbench:
         self._monitor: threading.Thread | None = None
         self._monitor_stop = threading.Event()
         self._failure: tuple[str, BaseException] | None = None
+        self._cut_lock = threading.RLock()
         self._failure_raised = False
         self._stop_event: Any = None
         self._started_at = 0.0
@@ -426,11 +432,12 @@ class Workbench:
         if workers is None and first_trainer and self._placement == "colocate":
             workers = [self.home_worker()]
         # a maker only prefers its workers: after its worker died it is run again on a live one
-        future = self.client.submit(run_loop_task, spec, key=f"{obj.kind}-{obj.name}-{self.prefix}", pure=False,
-                                    resources=resources, workers=list(workers) if workers else None, retries=0,
-                                    allow_other_workers=bool(workers) and (isinstance(obj, KnowledgeMaker)
-                                                                           or self.checkpointer is not None))
+        kwargs = {"pure": False, "resources": resources, "workers": list(workers) if workers else None,
+                  "retries": 0, "allow_other_workers": bool(workers) and (isinstance(obj, KnowledgeMaker)
+                                                                          or self.checkpointer is not None)}
+        future = self.client.submit(run_loop_task, spec, key=f"{obj.kind}-{obj.name}-{self.prefix}", **kwargs)
         handle = LoopHandle(obj.name, obj.kind, future, obj)
+        handle.submitted = (spec, kwargs)
         self._loops[obj.name] = handle
         if primary:
             self.book.primary = obj.name  # the bar counts the primary trainer's steps, to its max_steps
@@ -448,10 +455,24 @@ class Workbench:
     def _drain(self) -> None:
         while self._events:
             _, msg = self._events.popleft()
-            if isinstance(msg, dict):
+            if isinstance(msg, dict) and msg.get("event") == STARTED:
+                self._loop_started(msg)
+            elif isinstance(msg, dict):
                 self.book.update(msg)
                 if self._sink is not None and msg.get("kind") == "trainer":
                     self._sink.record()  # a metric row per trainer report
+
+    def _loop_started(self, msg: dict[str, Any]) -> None:
+        """A loop task started: when it runs again after a fault, log the fault's one line (what was lost, what
+        took over, how long it took)."""
+        handle = self._loops.get(str(msg.get("loop")))
+        if handle is None or handle.recovering is None:
+            return
+        t0, line = handle.recovering
+        handle.recovering = None
+        when = msg.get("time")
+        took = (float(when) if isinstance(when, int | float) else time.time()) - t0
+        logger.warning("%s; running again on %s %.1fs after the fault", line, msg.get("worker"), max(took, 0.0))
 
     def _check_lost_workers(self) -> None:
         """React to workers that were removed while running a loop (reports of the Workbench's watch).
@@ -486,9 +507,10 @@ class Workbench:
                     if handle.kind == "trainer":
                         step = self.checkpointer.newest_step(handle.name)
                         start = f" from its state at step {step}" if step is not None else " from its first step"
-                    logger.warning("%s %s: its worker %s died; the scheduler runs it again on a live worker%s "
-                                   "(restart %d of %d, %s)", handle.kind, handle.name, worker, start,
-                                   handle.restarts, limit, setting)
+                    line = (f"{handle.kind} {handle.name}: its worker {worker} died; run again{start} (restart "
+                            f"{handle.restarts} of {limit}, {setting})")
+                    logger.info("%s", line)
+                    handle.recovering = (report.time or time.time(), line)
                     self.book.update({"loop": handle.name, "kind": handle.kind, "restarts": handle.restarts})
                     continue
                 if restartable:
@@ -504,12 +526,58 @@ class Workbench:
 
     def _check_loops(self) -> None:
         self._check_lost_workers()
-        for handle in list(self._loops.values()):
-            if handle.error is not None or handle.life.state in (State.CLOSED, State.FAILED):
-                continue
-            if handle.future.status == "error":
-                exc = handle.future.exception(timeout=self.start_timeout)
-                self._fail(handle, exc)
+        with self._cut_lock:  # the monitor thread and wait() both check
+            failed = []
+            for handle in list(self._loops.values()):
+                if handle.error is not None or handle.life.state in (State.CLOSED, State.FAILED):
+                    continue
+                if handle.future.status == "error":
+                    failed.append((handle, handle.future.exception(timeout=self.start_timeout)))
+            cut = [(h, e) for h, e in failed if self._can_cut(h, e)]
+            if cut:
+                self._cut([h for h, _ in cut])
+            for handle, exc in failed:
+                if (handle, exc) not in cut:
+                    self._fail(handle, exc)
+
+    def _can_cut(self, handle: LoopHandle, exc: BaseException) -> bool:
+        """Whether ``handle``'s loop failed on a table rolled back with a lost shard and can be run again after a
+        consistent cut (the run keeps checkpoints, the bank a store, and the loop has restarts left)."""
+        limit = self.maker_restarts if handle.kind == "maker" else self.trainer_restarts
+        return (rolled_back(exc) and self.bank is not None and self.checkpointer is not None
+                and self.checkpointer.bank_root is not None and handle.restarts < limit
+                and handle.submitted is not None and self.state is State.RUNNING)
+
+    def _cut(self, handles: list[LoopHandle]) -> None:
+        """Roll the bank's snapshot-kept tables back to the newest checkpoint and run ``handles`` again from it.
+
+        A shard holding tables kept by snapshots alone was lost: its replacement holds them as of the newest
+        snapshot and refuses their writes, and the loops that wrote them failed on that. Every shard takes
+        those tables back to the snapshot whose step the primary trainer saved a state at (one consistent
+        cut), the primary trainer's states past it are dropped, and the failed loops are submitted again: a
+        trainer continues from its newest saved state, a maker from the newest model.
+        """
+        t0 = time.monotonic()
+        ckpt = self.checkpointer
+        root = str(ckpt.bank_root)
+        version, step = newest_cut(root, [st for st, _ in ckpt.states(self.book.primary or handles[0].name)])
+        tables = snapshot_kept(self.bank.tables.values())
+        self.bank.rollback(root, version, tables)
+        if self.book.primary:
+            drop_states_after(ckpt, self.book.primary, step)
+        events = self.bank.stats()["rehoming"].get("events") or []
+        lost = (f"bank shard {events[-1]['shard']} (worker {events[-1]['from']})" if events else "a bank shard")
+        when = float(events[-1]["time"]) - float(events[-1]["rehome_s"]) if events else time.time()
+        line = cut_line([f"{h.kind} {h.name}" for h in handles], version, step, tables, time.monotonic() - t0,
+                        f"{lost} lost")
+        logger.info("%s", line)
+        for h in handles:
+            h.restarts += 1
+            spec, kwargs = h.submitted  # type: ignore[misc]
+            h.recovering = (when, line)
+            h.future = self.client.submit(run_loop_task, spec, key=f"{h.kind}-{h.name}-r{h.restarts}-{self.prefix}",
+                                          **kwargs)
+            self.book.update({"loop": h.name, "kind": h.kind, "restarts": h.restarts})
 
     def _fail(self, handle: LoopHandle, exc: BaseException) -> None:
         handle.error = exc
@@ -533,6 +601,7 @@ class Workbench:
         interval = max(0.05, min(self.report_interval, 0.5))
         while not self._monitor_stop.wait(interval):
             try:
+                self._check_lost_workers()  # before the progress events: a restarted loop's start then finds its fault
                 self._drain()
                 if self._sink is not None:
                     self._sink.flush()
@@ -588,9 +657,9 @@ class Workbench:
                 self._raise_failure(again=True)
             if all(h.future.done() for h in targets):
                 self._check_loops()
-                if self._failure is None:
+                if self._failure is None and all(h.future.done() for h in targets):
                     return
-                continue  # a target failed: the branch above stops the others and raises
+                continue  # a target failed (the branch above stops the others and raises) or runs again after a cut
             if time.monotonic() >= deadline:
                 left = [h.name for h in targets if not h.future.done()]
                 raise DeadlineExceeded(f"Workbench {self.name!r}: {left} still running after {seconds:g}s "
