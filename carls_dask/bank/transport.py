@@ -26,7 +26,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from carls_dask.bank import stages
 from carls_dask.bank.actor_internals import (
@@ -124,6 +124,14 @@ class Failed:
 
     def __await__(self) -> Any:  # awaiting a call that could not even be issued raises its error
         raise self.exc
+
+
+def _raise(err: BaseException, exc: BaseException) -> NoReturn:
+    """Raise ``err``, chained to ``exc`` when it stands for it (never an error caused by itself: a cycle of
+    causes, which whoever walks the chain, distributed's error report of a failed task among them, never leaves)."""
+    if err is exc:
+        raise exc
+    raise err from exc
 
 
 # -- the local transport ----------------------------------------------------------------------------
@@ -313,10 +321,10 @@ class DaskTransport:
             deadline = time.monotonic() + self.rehome_timeout
             while True:
                 if not is_lost(exc):
-                    raise shard_error(name, c.shard, exc, limit) from exc
+                    _raise(shard_error(name, c.shard, exc, limit), exc)
                 handle = adopt_or_rehome(self.table, c.shard, exc, deadline, limit=self.rehome_timeout)
                 if handle is None:  # the shard's worker is alive: the error stands
-                    raise shard_error(name, c.shard, exc, limit) from exc
+                    _raise(shard_error(name, c.shard, exc, limit), exc)
                 try:
                     answers[i] = send_call(handle, c.method, c.args, c.send_kwargs).result(
                         timeout=max(0.1, min(limit, deadline - time.monotonic())))

@@ -41,17 +41,18 @@ from carls_dask.errors import (
     DeadlineExceeded,
     LifecycleError,
     LoopFailedError,
+    RolledBackError,
 )
 from carls_dask.runtime.channel import ModelChannel, unique_prefix
 from carls_dask.runtime.clusters import make_security, start_cluster
 from carls_dask.runtime.context import LoopResult
-from carls_dask.runtime.durability import cut_line, drop_states_after, newest_cut, rolled_back, snapshot_kept
+from carls_dask.runtime.durability import cut_line, drop_states_after, newest_cut, snapshot_kept
 from carls_dask.runtime.events import LostLoops, WorkerLossWatch, loss_topic, watch_name
 from carls_dask.runtime.lifecycle import Lifecycle, State
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.placement import BANK, loop_resources, resources_for, worker_resources, workers_with
 from carls_dask.runtime.progress import ProgressBook, ProgressSink
-from carls_dask.runtime.tasks import STARTED, LoopSpec, run_loop_task
+from carls_dask.runtime.tasks import ROLLED_BACK, STARTED, LoopSpec, run_loop_task
 from carls_dask.runtime.trainer import Trainer
 from carls_dask.storage.runfolder import RunFolder
 
@@ -191,6 +192,7 @@ class Workbench:
         self._monitor_stop = threading.Event()
         self._failure: tuple[str, BaseException] | None = None
         self._cut_lock = threading.RLock()
+        self._seen_finished: set[str] = set()  # loop futures whose result was read for a rollback
         self._failure_raised = False
         self._stop_event: Any = None
         self._started_at = 0.0
@@ -527,26 +529,29 @@ class Workbench:
     def _check_loops(self) -> None:
         self._check_lost_workers()
         with self._cut_lock:  # the monitor thread and wait() both check
-            failed = []
+            cut = []
             for handle in list(self._loops.values()):
                 if handle.error is not None or handle.life.state in (State.CLOSED, State.FAILED):
                     continue
                 if handle.future.status == "error":
-                    failed.append((handle, handle.future.exception(timeout=self.start_timeout)))
-            cut = [(h, e) for h, e in failed if self._can_cut(h, e)]
+                    self._fail(handle, handle.future.exception(timeout=self.start_timeout))
+                elif handle.future.status == "finished" and handle.future.key not in self._seen_finished:
+                    self._seen_finished.add(handle.future.key)
+                    result = handle.future.result(timeout=self.start_timeout)
+                    if result.reason == ROLLED_BACK:
+                        if not self._can_cut(handle):
+                            self._fail(handle, RolledBackError(f"{handle.kind} {handle.name!r}: {result.value}"))
+                        else:
+                            cut.append(handle)
             if cut:
-                self._cut([h for h, _ in cut])
-            for handle, exc in failed:
-                if (handle, exc) not in cut:
-                    self._fail(handle, exc)
+                self._cut(cut)
 
-    def _can_cut(self, handle: LoopHandle, exc: BaseException) -> bool:
-        """Whether ``handle``'s loop failed on a table rolled back with a lost shard and can be run again after a
+    def _can_cut(self, handle: LoopHandle) -> bool:
+        """Whether ``handle``'s loop, ended on a table rolled back with a lost shard, can be run again after a
         consistent cut (the run keeps checkpoints, the bank a store, and the loop has restarts left)."""
         limit = self.maker_restarts if handle.kind == "maker" else self.trainer_restarts
-        return (rolled_back(exc) and self.bank is not None and self.checkpointer is not None
-                and self.checkpointer.bank_root is not None and handle.restarts < limit
-                and handle.submitted is not None and self.state is State.RUNNING)
+        return (self.bank is not None and self.checkpointer is not None and self.checkpointer.bank_root is not None
+                and handle.restarts < limit and handle.submitted is not None and self.state is State.RUNNING)
 
     def _cut(self, handles: list[LoopHandle]) -> None:
         """Roll the bank's snapshot-kept tables back to the newest checkpoint and run ``handles`` again from it.
@@ -710,6 +715,10 @@ class Workbench:
                 self._fail(h, h.future.exception(timeout=seconds))
             elif h.future.status == "finished":
                 h.result = h.future.result(timeout=seconds)
+                if h.result.reason == ROLLED_BACK:  # no cut while stopping: the table it wrote is behind the loop
+                    self._fail(h, RolledBackError(f"{h.kind} {h.name!r}: {h.result.value}"))
+                    h.result = None
+                    continue
                 h.life.to(State.CLOSED)
                 if h.kind == "trainer":  # its last report may still be on the way: the bar ends complete
                     self.book.update({"loop": h.name, "kind": h.kind, "step": h.result.step})
