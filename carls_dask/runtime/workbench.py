@@ -538,11 +538,12 @@ class Workbench:
                 elif handle.future.status == "finished" and handle.future.key not in self._seen_finished:
                     self._seen_finished.add(handle.future.key)
                     result = handle.future.result(timeout=self.start_timeout)
-                    if result.reason == ROLLED_BACK:
-                        if not self._can_cut(handle):
-                            self._fail(handle, RolledBackError(f"{handle.kind} {handle.name!r}: {result.value}"))
-                        else:
-                            cut.append(handle)
+                    if result.reason != ROLLED_BACK:
+                        handle.result = result  # read once
+                    elif not self._can_cut(handle):
+                        self._fail(handle, RolledBackError(f"{handle.kind} {handle.name!r}: {result.value}"))
+                    else:
+                        cut.append(handle)
             if cut:
                 self._cut(cut)
 
@@ -714,7 +715,8 @@ class Workbench:
             elif h.future.status == "error":
                 self._fail(h, h.future.exception(timeout=seconds))
             elif h.future.status == "finished":
-                h.result = h.future.result(timeout=seconds)
+                if h.result is None:
+                    h.result = h.future.result(timeout=seconds)
                 if h.result.reason == ROLLED_BACK:  # no cut while stopping: the table it wrote is behind the loop
                     self._fail(h, RolledBackError(f"{h.kind} {h.name!r}: {h.result.value}"))
                     h.result = None

@@ -227,3 +227,36 @@ def test_a_killed_driver_resumes_snapshot_tables_and_the_trainer_from_one_cut(tm
     (artifacts_dir / "durability-snapshot-driver-kill.json").write_text(json.dumps(
         {"cut": cut, "recall_at_10_undisturbed": undisturbed["recall_at_10"],
          "recall_at_10_resumed": resumed["recall_at_10"]}, indent=1))
+
+
+def test_a_run_at_the_disk_reserve_stops_with_its_last_checkpoint_and_resumes(tmp_path: pathlib.Path) -> None:
+    import shutil
+
+    from benchmarks.durability import TwoTower
+    from carls_dask.errors import RunStopped
+    from carls_dask.runtime.registry import register_paradigm, unregister_paradigm
+    from carls_dask.runtime.runner import resume_run, run_inline
+
+    run, ballast = tmp_path / "run", tmp_path / "ballast"
+    reserve = shutil.disk_usage(tmp_path).free - (1 << 30)  # 1 GiB to spare now ...
+
+    def fill_the_disk(step: int, bank: Any) -> None:
+        if step == 7 and not ballast.exists():  # ... and none after the checkpoint at step 5
+            with open(ballast, "wb") as fh:
+                os.posix_fallocate(fh.fileno(), 0, 2 << 30)
+
+    conf = {"carls.run.snapshot-every": 5, "carls.runtime.progress": False, "carls.storage.disk-reserve": reserve}
+    register_paradigm(TwoTower(), replace=True)
+    try:
+        with dask.config.set(conf):
+            with pytest.raises(RunStopped, match=r"run stopped cleanly at step 10: .* below the reserve .*; "
+                                                 r"checkpoint at step 5 kept in .*; then continue with: .* run "
+                                                 r"--resume") as info:
+                run_inline(TwoTower(), _two_tower(20), run_dir=run, on_step=fill_the_disk)
+            assert info.value.checkpoint == 5 and not (run / "result.json").exists()
+            ballast.unlink()
+            resumed = resume_run(run)
+    finally:
+        ballast.unlink(missing_ok=True)
+        unregister_paradigm(TwoTower.name)
+    assert resumed.resumed_from == 5 and resumed.loops["trainer"]["step"] == 20
