@@ -6,8 +6,8 @@ Prints PASS/FAIL lines for the targets of the per-table durability policies (doc
    ``BankEmbeddingBag``, all trained by the bank's Adagrad, an MLP head per tower; :class:`TwoTower`, run
    through the runner on a 2-worker LocalCluster, so the runner's durability defaults are on) and the
    semi-supervised demo (its tables written by makers) train at >= 0.9x the step rate of the same run with
-   no log (every table ``snapshot``). The runs alternate (``--rounds``), each configuration's rate is the
-   median. The former behaviour (every table ``every-write``, the log kept back to the oldest snapshot) is
+   no log (every table ``snapshot``). After a short warm-up run the runs alternate (``--rounds``), each
+   configuration's rate is the median. The former behaviour (every table ``every-write``, the log kept back to the oldest snapshot) is
    printed beside them, without a target.
 2. **Bytes.** At the end of a default run the delta log holds no more bytes than the snapshots beside it:
    the two-tower, semi-supervised and node-embeddings runs (``--skip`` leaves parts out). The former
@@ -262,6 +262,9 @@ def step_rates(name: str, paradigm: Any, settings: Any, rounds: int, workdir: pa
     """Part 1 for one paradigm: the configurations in turns, each rate the median of ``rounds`` runs."""
     rates: dict[str, list[float]] = {c: [] for c in CONFIGS}
     figs: dict[str, list[float]] = {c: [] for c in CONFIGS}
+    # warm-up, not measured: the workers import the paradigm and compile their kernels once
+    run_once(paradigm, dataclasses.replace(settings, steps=min(int(settings.steps), 20)), CONFIGS["no log"], workdir,
+             client, f"{name}-warm-up")
     for _ in range(rounds):
         for label, conf in CONFIGS.items():
             got = run_once(paradigm, settings, conf, workdir, client, f"{name}-{label}")

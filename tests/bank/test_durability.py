@@ -206,3 +206,13 @@ def test_a_committed_snapshot_truncates_the_log_it_covers(tmp_path: pathlib.Path
         open_bank(root, step=15)
     with pytest.raises(StoreNotFoundError, match=r"removed when a newer snapshot truncated the log"):
         list(replay(root, since_version=1))
+
+
+def test_a_row_written_several_times_in_a_batch_is_logged_once_with_its_last_value(tmp_path: pathlib.Path) -> None:
+    with KnowledgeBank.local([made()], n_shards=1, buckets=BUCKETS, log_root=str(tmp_path)) as bank:
+        keys = np.array([3, 1, 3, 2, 3], np.int64)
+        bank.update("made", keys, {"value": np.arange(5, dtype=np.float32)[:, None].repeat(4, axis=1)})
+    (rec,) = [r for r in replay(tmp_path) if r.table == "made"]
+    order = np.argsort(rec.arrays["keys"])
+    assert rec.arrays["keys"][order].tolist() == [1, 2, 3]
+    assert rec.arrays["col/value"][order, 0].tolist() == [1.0, 3.0, 4.0]  # key 3's last write: 4
