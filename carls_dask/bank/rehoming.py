@@ -52,10 +52,12 @@ __all__ = [
     "adopt_or_rehome",
     "forget_table",
     "install_walltime_plugin",
+    "process_id",
     "publish_table",
     "read_table",
     "rehome_line",
     "rehome_stats",
+    "rehome_topic",
     "retire_worker_shards",
     "set_base",
 ]
@@ -265,12 +267,30 @@ def _rehome(shards: ShardTable, client: Any, table: dict[str, Any], s: int, dead
     rolled = {str(t): int(step) for t, step in dict(info.get("rolled_back") or {}).items()}
     event = {"shard": s, "generation": gen, "from": dead, "to": target, "reason": reason[:200],
              "rows": int(info["rows"]), "records": int(info["records"]), "version": int(info["version"]),
-             "restore_s": float(info["seconds"]), "rehome_s": pause, "time": time.time(), "rolled_back": rolled}
+             "restore_s": float(info["seconds"]), "rehome_s": pause, "time": time.time(), "rolled_back": rolled,
+             "by": process_id()}
     table["events"] = [*table["events"], event][-_EVENTS_KEPT:]
     Variable(table_name(name), client=client).set(table)
     shards.replace(s, handle, gen)
     logger.warning("%s", rehome_line(name, event))
+    try:  # a Workbench driving the bank logs the line too, when a task's copy re-homed (its log stays on the worker)
+        client.log_event(rehome_topic(name), event)
+    except Exception:  # the line above is the record; the topic only relays it
+        logger.debug("bank %s: could not relay the re-homing of shard %d", name, s, exc_info=True)
     return handle
+
+
+def rehome_topic(bank_name: str) -> str:
+    """The event topic on which the bank's re-homings are relayed (the events of :func:`rehome_stats`)."""
+    return f"carls-bank-{bank_name}-rehomed"
+
+
+def process_id() -> str:
+    """``host:pid`` of this process (a re-homing event names the process that re-homed)."""
+    import os
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def rehome_line(bank: str, event: Mapping[str, Any]) -> str:

@@ -181,6 +181,8 @@ class Workbench:
         self._home_worker: str | None = None
         self._placement = str(config.get("bank.placement"))
         self._events: collections.deque[Any] = collections.deque()
+        self._rehomings: collections.deque[tuple[str, dict[str, Any]]] = collections.deque()
+        self._rehome_topic: str | None = None
         self._loss_reports: collections.deque[Any] = collections.deque()
         self.maker_restarts = int(config.get("runtime.maker-restarts"))
         self.trainer_restarts = int(config.get("runtime.trainer-restarts"))
@@ -341,6 +343,7 @@ class Workbench:
         workers = self._shard_workers(placement)
         self.bank = KnowledgeBank.create(self.client, tables, n_shards=n_shards, buckets=buckets, workers=workers,
                                          name=name or f"{self.prefix}-bank", log_root=log_root)
+        self._relay_rehomings()
         return self.bank
 
     def restore_bank(self, root: str, *, n_shards: int | None = None, version: int | None = None) -> Any:
@@ -357,7 +360,23 @@ class Workbench:
         workers = self._shard_workers(self._placement)
         self.bank = KnowledgeBank.restore(self.client, root, n_shards=n_shards, version=version, workers=workers,
                                           log_root=root)
+        self._relay_rehomings()
         return self.bank
+
+    def _relay_rehomings(self) -> None:
+        """Log, in this process, the one line of each re-homing of the bank's shards that a task's copy did
+        (its own line stays in the worker's log); the monitor drains them."""
+        from carls_dask.bank.rehoming import process_id, rehome_topic
+
+        here, bank = process_id(), self.bank.name
+
+        def relay(event: Any) -> None:
+            _, msg = event
+            if isinstance(msg, dict) and msg.get("by") != here:
+                self._rehomings.append((bank, msg))
+
+        self._rehome_topic = rehome_topic(bank)
+        self.client.subscribe_topic(self._rehome_topic, relay)
 
     def _shard_workers(self, placement: str) -> list[str]:
         """The workers bank shards go on: those with the shard resources (``carls.placement``)."""
@@ -455,6 +474,11 @@ class Workbench:
 
     # -- monitoring --------------------------------------------------------------------------
     def _drain(self) -> None:
+        from carls_dask.bank.rehoming import rehome_line
+
+        while self._rehomings:
+            bank, event = self._rehomings.popleft()
+            logger.warning("%s", rehome_line(bank, event))
         while self._events:
             _, msg = self._events.popleft()
             if isinstance(msg, dict) and msg.get("event") == STARTED:
@@ -824,10 +848,13 @@ class Workbench:
         if self.client is not None:
             for channel in self._channels.values():
                 channel.delete()
-            try:
-                self.client.unsubscribe_topic(self.topic)
-            except Exception:
-                logger.debug("unsubscribe failed", exc_info=True)
+            for topic in (self.topic, self._rehome_topic):
+                if topic is None:
+                    continue
+                try:
+                    self.client.unsubscribe_topic(topic)
+                except Exception:
+                    logger.debug("unsubscribe failed", exc_info=True)
             self._unwatch_worker_loss()
         for h in self._loops.values():
             h.future = _Released(h.future)

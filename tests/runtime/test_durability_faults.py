@@ -147,7 +147,8 @@ def _two_tower(steps: int) -> Any:
 
 @pytest.mark.slow
 def test_a_killed_shard_worker_rolls_snapshot_tables_and_the_trainer_back_and_the_run_finishes(
-        cluster: Any, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture, artifacts_dir: pathlib.Path) -> None:
+        cluster: Any, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+        artifacts_dir: pathlib.Path) -> None:
     from distributed import Client
 
     from benchmarks.durability import TwoTower
@@ -181,6 +182,8 @@ def test_a_killed_shard_worker_rolls_snapshot_tables_and_the_trainer_back_and_th
     lines = [r.getMessage() for r in caplog.records if "rolled back to snapshot" in r.getMessage()]
     assert len(lines) == 1 and "trainer trainer run again from step" in lines[0] and "running again on" in lines[0]
     assert not [r for r in caplog.records if r.exc_info]  # a recovered fault is one line, no traceback
+    console = capfd.readouterr().err  # the workers' too: their processes write to this one's stderr
+    assert "Exception in callback" not in console and "FutureCancelledError" not in console
     (artifacts_dir / "durability-snapshot-shard-kill.json").write_text(json.dumps(
         {"recall_at_10_undisturbed": base, "recall_at_10_after_rollback": recall, "line": lines[0]}, indent=1))
 
