@@ -40,16 +40,30 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _locked(method: _F) -> _F:
-    """Run the method under the shard's lock (actor calls and co-located direct calls may overlap)."""
+    """Run the method under the shard's lock (actor calls and co-located direct calls may overlap).
+
+    The ``fdatasync`` an ``every-write`` append owes is made after the lock is released and before the call
+    returns (group commit): the next call proceeds meanwhile, and one sync serves every caller waiting.
+    """
 
     @functools.wraps(method)
     def wrapper(self: BankShard, *args: Any, **kwargs: Any) -> Any:
         stages.begin()
+        local = self._local
         with self._lock:
-            if method.__name__ not in _AFTER_RETIRE:
-                self._check_live()
-            stages.mark("shard", "lock")
-            return method(self, *args, **kwargs)
+            local.depth = getattr(local, "depth", 0) + 1
+            try:
+                if method.__name__ not in _AFTER_RETIRE:
+                    self._check_live()
+                stages.mark("shard", "lock")
+                out = method(self, *args, **kwargs)
+            finally:
+                local.depth -= 1
+                due = self._take_sync() if local.depth == 0 else None
+        if due is not None:
+            due.flush()
+            stages.mark("shard", "delta log sync")
+        return out
 
     return wrapper  # type: ignore[return-value]
 
@@ -145,6 +159,7 @@ class BankShard:
             ),
         )
         self._lock = threading.RLock()
+        self._local = threading.local()  # per calling thread: lock depth, and whether a sync is owed
         self.log_root = log_root
         self.step = 0
         self._log: Any = None
@@ -180,6 +195,19 @@ class BankShard:
     def _synced_now(self, table: str) -> bool:
         """Whether an append of ``table`` is synced before the call returns (``every-write``)."""
         return self._sync and self.policies.get(table, "every-write") == "every-write"
+
+    def _append(self, table: str, op: str, arrays: Mapping[str, np.ndarray]) -> None:
+        """Append a frame of ``table``; an ``every-write`` one owes a sync before the call returns, which the
+        call makes once it has released the shard's lock (see :func:`_locked`)."""
+        assert self._log is not None
+        self._log.append(self.step, table, op, arrays, sync=False)
+        if self._synced_now(table):
+            self._local.due = True
+
+    def _take_sync(self) -> Any:
+        """The log whose sync the finished call owes (None when it owes none); called under the lock."""
+        due, self._local.due = getattr(self._local, "due", False), False
+        return self._log if due and self._log is not None else None
 
     def _check_room(self, table: str, n: int, rows: bool = True) -> None:
         """Refuse (before the core changes anything) a logged write of ``n`` keys that would take the store's
@@ -228,7 +256,7 @@ class BankShard:
         if rows["keys"].size:
             if op_id is not None:
                 rows = {**rows, OP_ID: np.full(rows["keys"].shape[0], op_id, dtype=np.int64)}
-            self._log.append(self.step, table, "upsert", rows, sync=self._synced_now(table))
+            self._append(table, "upsert", rows)
 
     def _log_delete(self, table: str, keys: np.ndarray, op_id: int | None = None) -> None:
         if not self._logged(table) or keys.size == 0:
@@ -239,7 +267,7 @@ class BankShard:
         arrays = {"keys": k, "bucket": bucket_of(k, self.core.buckets)}
         if op_id is not None:
             arrays[OP_ID] = np.full(k.shape[0], op_id, dtype=np.int64)
-        self._log.append(self.step, table, "delete", arrays, sync=self._synced_now(table))
+        self._append(table, "delete", arrays)
 
     def _log_evictions(self, table: str) -> None:
         """Log the rows a bounded table evicted (cap, TTL) as deletes, before the batch's own upserts.
@@ -323,10 +351,17 @@ class BankShard:
         thread instead, so the event loop is never blocked on the shard's lock.
         """
         if self._lock.acquire(blocking=False):
+            local = self._local
+            local.depth = getattr(local, "depth", 0) + 1
             try:
-                return getattr(self, method)(*args, **kwargs)
+                out = getattr(self, method)(*args, **kwargs)
             finally:
+                local.depth -= 1
+                due = self._take_sync() if local.depth == 0 else None
                 self._lock.release()
+            if due is not None:  # the sync it owes, off the event loop and outside the lock
+                await asyncio.get_running_loop().run_in_executor(None, due.flush)
+            return out
         return await asyncio.get_running_loop().run_in_executor(
             None, functools.partial(getattr(self, method), *args, **kwargs))
 
