@@ -507,8 +507,10 @@ def run_paradigm(paradigm: Paradigm | str, settings: Any = None, *, variant: str
                     wb.create_bank(tables, n_shards=n_shards, log_root=plan.bank_root)
                     if _has_initialise(p):
                         wb.client.submit(p.initialise, wb.bank, s, pure=False).result(timeout=seconds)
-                    if snapshot_kept(tables) and plan.checkpointer is not None and root is not None:
-                        plan.checkpointer.snapshot_bank(wb.bank, 0)  # a cut to go back to before the first checkpoint
+                    kept = snapshot_kept(tables)
+                    if kept and plan.checkpointer is not None and root is not None and \
+                            any(wb.bank.size(t) for t in kept):  # what initialise put there: a cut to go back to
+                        plan.checkpointer.snapshot_bank(wb.bank, 0)
             for i, t in enumerate(trainers):
                 wb.submit_trainer(t, primary=i == 0)
             for m in makers:
