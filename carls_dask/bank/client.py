@@ -689,7 +689,8 @@ class KnowledgeBank:
         root
             The bank store (the bank's ``log_root``).
         version
-            The snapshot (default the newest; None for a store without one: the tables come back empty).
+            The snapshot (default the newest); a negative version (or a store without a snapshot) brings the
+            tables back empty, as before any snapshot.
         tables
             The tables (default every table whose durability is ``snapshot``).
 
@@ -703,8 +704,9 @@ class KnowledgeBank:
         names = [t for t, p in self.durability.items() if p == "snapshot"] if tables is None else list(tables)
         for t in names:
             self.spec(t)
-        snaps = list_snapshots(root)
-        man = read_manifest(root, version) if snaps or version is not None else None
+        empty = version is not None and int(version) < 0
+        snaps = [] if empty else list_snapshots(root)
+        man = read_manifest(root, version) if snaps or (version is not None and not empty) else None
         v = None if man is None else int(man["version"])
         if names:
             self._every_shard("rollback", str(root), v, names, timeout=10 * self.timeout)

@@ -592,7 +592,7 @@ class Workbench:
         root = str(ckpt.bank_root)
         version, step = newest_cut(root, [st for st, _ in ckpt.states(self.book.primary or handles[0].name)])
         tables = snapshot_kept(self.bank.tables.values())
-        self.bank.rollback(root, version, tables)
+        self.bank.rollback(root, -1 if version is None else version, tables)  # -1: empty, before any snapshot
         if self.book.primary:
             drop_states_after(ckpt, self.book.primary, step)
         events = self.bank.stats()["rehoming"].get("events") or []

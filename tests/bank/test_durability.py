@@ -216,3 +216,20 @@ def test_a_row_written_several_times_in_a_batch_is_logged_once_with_its_last_val
     order = np.argsort(rec.arrays["keys"])
     assert rec.arrays["keys"][order].tolist() == [1, 2, 3]
     assert rec.arrays["col/value"][order, 0].tolist() == [1.0, 3.0, 4.0]  # key 3's last write: 4
+
+
+def test_rollback_brings_every_shards_snapshot_tables_back_and_leaves_logged_ones(tmp_path: pathlib.Path) -> None:
+    keys = np.arange(40, dtype=np.int64)
+    grads = np.ones((keys.size, 4), np.float32)
+    with KnowledgeBank.local([made(), trained()], n_shards=2, buckets=BUCKETS, log_root=str(tmp_path)) as bank:
+        bank.lookup("trained", keys, insert=True)
+        bank.apply_gradients("trained", keys, grads)  # -0.5
+        bank.snapshot(str(tmp_path), 5)
+        bank.apply_gradients("trained", keys, grads)  # -1.0
+        bank.update("made", keys, {"value": values(keys, 9)})
+        assert bank.rollback(str(tmp_path)) == 5
+        np.testing.assert_array_equal(bank.lookup("trained", keys).values["embedding"],
+                                      np.full((keys.size, 4), -0.5, np.float32))
+        np.testing.assert_array_equal(bank.lookup("made", keys).values["value"], values(keys, 9))
+        assert bank.rollback(str(tmp_path), -1) == 0  # as before any snapshot
+        assert bank.size("trained") == 0 and bank.size("made") == keys.size
