@@ -40,6 +40,7 @@ from carls_dask.bank.schema import (
     TableSpec,
     check_batch_size,
     check_counts,
+    check_durability,
     check_gradients,
     check_keys,
     check_max_staleness,
@@ -51,7 +52,7 @@ from carls_dask.bank.schema import (
 )
 from carls_dask.bank.shard_sampler import expected_counts, split_quota
 from carls_dask.bank.transport import DaskTransport, LocalTransport
-from carls_dask.errors import InvalidBatchError, LifecycleError
+from carls_dask.errors import ConfigError, InvalidBatchError, LifecycleError
 
 __all__ = ["BankBatch", "BankCounters", "CheckedPush", "KnowledgeBank"]
 
@@ -66,13 +67,14 @@ _LOOP_KEYS = 32768
 
 
 def _resolve(spec: TableSpec) -> TableSpec:
-    if spec.is_resolved:
+    if spec.is_resolved and spec.durability is not None:
         return spec
     return spec.resolve(
         optimizer=config.get("bank.optimizer"),
         learning_rate=float(config.get("bank.learning-rate")),
         initializer=config.get("bank.initializer"),
         init_scale=float(config.get("bank.init-scale")),
+        durability=check_durability(config.get("bank.durability"), "carls.bank.durability"),
     )
 
 
@@ -96,13 +98,24 @@ def _plan(what: str, tables: Sequence[TableSpec], n_shards: int | None,
     return specs, _owner_map(b, n), b
 
 
+def log_settings() -> dict[str, Any]:
+    """The delta log's settings, resolved here (the driver) and passed to the shards: the group commit's
+    ``group_interval`` and ``group_bytes`` (``carls.bank.log.*``) and the disk ``reserve``
+    (``carls.storage.disk-reserve``)."""
+    interval = config.get_seconds("bank.log.group-interval")
+    if not interval > 0:
+        raise ConfigError(f"carls.bank.log.group-interval: {interval!r}; expected a duration > 0 such as '10ms'")
+    return {"group_interval": interval, "group_bytes": config.get_bytes("bank.log.group-bytes"),
+            "reserve": config.get_bytes("storage.disk-reserve")}
+
+
 def _shard_args(specs: Sequence[TableSpec], owner: np.ndarray, buckets: int, initial_capacity: int,
-                log_root: str | None, log_sync: bool) -> list[tuple[Any, ...]]:
+                log_root: str | None, log_sync: bool, settings: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """The :class:`BankShard` arguments of each shard."""
     n = int(owner.max()) + 1
     tables = [t.to_json() for t in specs]
-    return [(tables, s, n, buckets, np.flatnonzero(owner == s).tolist(), initial_capacity, log_root, log_sync)
-            for s in range(n)]
+    return [(tables, s, n, buckets, np.flatnonzero(owner == s).tolist(), initial_capacity, log_root, log_sync,
+             dict(settings)) for s in range(n)]
 
 
 def _keys_in(idx: Any, keys: np.ndarray) -> int:
@@ -113,6 +126,12 @@ def _keys_in(idx: Any, keys: np.ndarray) -> int:
 def _rows(values: np.ndarray, idx: Any) -> np.ndarray:
     """One shard's rows of a batch's values: all of them as they are, or a gathered copy."""
     return values if isinstance(idx, slice) else take_rows(values, idx)
+
+
+def _same_path(a: str, b: str) -> bool:
+    import os
+
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _lineage(man: Mapping[str, Any], default: str) -> str:
@@ -439,7 +458,7 @@ class KnowledgeBank:
                      log_root: str | None, log_sync: bool, initial_capacity: int) -> KnowledgeBank:
         shards: list[BankShard] = []
         try:
-            for a in _shard_args(specs, owner, buckets, initial_capacity, log_root, log_sync):
+            for a in _shard_args(specs, owner, buckets, initial_capacity, log_root, log_sync, log_settings()):
                 shards.append(BankShard(*a))
         except BaseException:
             for shard in shards:  # release the delta logs already opened
@@ -467,13 +486,15 @@ class KnowledgeBank:
         addrs = list(workers) if workers else sorted(client.scheduler_info(n_workers=-1)["workers"])
         if not addrs:
             raise LifecycleError(f"bank {name!r}: the cluster has no workers to place {n} shards on")
-        args = _shard_args(specs, owner, buckets, initial_capacity, log_root, log_sync)
+        settings = log_settings()
+        args = _shard_args(specs, owner, buckets, initial_capacity, log_root, log_sync, settings)
         placed = [addrs[s % len(addrs)] for s in range(n)]
         transport = DaskTransport.start(client, name, BankShard, args, placed, timeout,
                                         config.get_seconds("bank.rehome-timeout"))
         logger.info("bank %s: %d shards on %s", name, n, sorted(set(placed)))
         publish_table(client, transport.table, [t.to_json() for t in specs], [a[4] for a in args],
-                      buckets=buckets, initial_capacity=initial_capacity, log_root=log_root, log_sync=log_sync)
+                      buckets=buckets, initial_capacity=initial_capacity, log_root=log_root, log_sync=log_sync,
+                      log_settings=settings)
         if log_root is not None:
             install_walltime_plugin(client)
         return cls(transport, specs, buckets=buckets, owner=owner, name=name, timeout=timeout, log_root=log_root)
@@ -507,6 +528,11 @@ class KnowledgeBank:
     def tables(self) -> dict[str, TableSpec]:
         """The (resolved) table specs by name."""
         return dict(self._specs)
+
+    @property
+    def durability(self) -> dict[str, str]:
+        """Each table's durability policy (``every-write``, ``group`` or ``snapshot``; see docs/durability.md)."""
+        return {name: t.durability or "every-write" for name, t in self._specs.items()}
 
     def spec(self, table: str) -> TableSpec:
         """The spec of ``table`` (raises :class:`UnknownTableError`)."""
@@ -1000,6 +1026,48 @@ class KnowledgeBank:
         """Tell every shard the current training step (recorded with delta-log records)."""
         self._every_shard("set_step", int(step))
 
+    def sync(self) -> None:
+        """Make every acknowledged write durable now: each shard ``fdatasync``-s what its ``group`` tables logged
+        since their last group sync (one sync per shard serves every caller waiting on it)."""
+        self._every_shard("sync")
+
+    def rollback(self, root: str, version: int | None = None, tables: Sequence[str] | None = None) -> int:
+        """Bring the tables kept by snapshots alone back to snapshot ``version`` of ``root`` on every shard.
+
+        The bank's half of a consistent cut after a shard holding such tables was lost: the re-homed shard
+        brought them back at the newest snapshot and refuses their writes (:class:`~carls_dask.errors.RolledBackError`)
+        until every shard holds them as of the same snapshot, which this does; their writers (a trainer)
+        then continue from their state at the snapshot's step. A run's Workbench calls it itself.
+
+        Parameters
+        ----------
+        root
+            The bank store (the bank's ``log_root``).
+        version
+            The snapshot (default the newest); a negative version (or a store without a snapshot) brings the
+            tables back empty, as before any snapshot.
+        tables
+            The tables (default every table whose durability is ``snapshot``).
+
+        Returns
+        -------
+        int
+            The step of the snapshot (0 without one).
+        """
+        from carls_dask.storage.manifest import list_snapshots, read_manifest
+
+        names = [t for t, p in self.durability.items() if p == "snapshot"] if tables is None else list(tables)
+        for t in names:
+            self.spec(t)
+        empty = version is not None and int(version) < 0
+        snaps = [] if empty else list_snapshots(root)
+        man = read_manifest(root, version) if snaps or (version is not None and not empty) else None
+        v = None if man is None else int(man["version"])
+        if names:
+            self._every_shard("rollback", str(root), v, names, timeout=10 * self.timeout)
+        logger.info("bank %s: tables %s rolled back to snapshot v%s of %s", self.name, names, v, root)
+        return 0 if man is None else int(man["step"])
+
     # -- persistence --------------------------------------------------------------------------------
     def export_state(self) -> list[dict[str, Any]]:
         """Every shard's whole state, as :meth:`ShardCore.export_state <carls_dask.bank.core.ShardCore.export_state>`
@@ -1041,6 +1109,7 @@ class KnowledgeBank:
         if full is not True:
             every = 1 << 30 if full is False else int(config.get("bank.snapshot-compact-every"))
             parent = next_parent(root, every, float("inf") if full is False else fraction)
+        self._check_snapshot_room(root, parent, full, fraction)
         handle = begin_snapshot(root, int(step), parent=parent, **kwargs)
         self._every_shard("set_step", int(step))
         try:
@@ -1062,7 +1131,21 @@ class KnowledgeBank:
             except Exception:  # a shard settles at its next snapshot anyway
                 logger.warning("bank %s: a shard could not settle snapshot v%d", self.name, handle.version,
                                exc_info=True)
+        if self.log_root is not None and _same_path(root, self.log_root):
+            from carls_dask.storage.bankstore import truncate_log
+
+            truncate_log(root, str(config.get("storage.log-history")))
         return int(entry["version"])
+
+    def _check_snapshot_room(self, root: str, parent: int | None, full: bool | None, fraction: float) -> None:
+        """Refuse a snapshot that would take ``root``'s disk below ``carls.storage.disk-reserve``, before it begins."""
+        from carls_dask.storage.fsutil import check_reserve
+
+        reserve = config.get_bytes("storage.disk-reserve")
+        if reserve <= 0:
+            return
+        need = sum(int(b) for b in self._every_shard("snapshot_bytes", str(root), parent, bool(full), fraction))
+        check_reserve(root, need, reserve, f"bank {self.name!r}: snapshot into {root}")
 
     @classmethod
     def restore(

@@ -21,6 +21,7 @@ watchdog) is in :mod:`carls_dask.bank.actor_internals`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ from carls_dask.bank.actor_internals import (
     local_actor,
     release_handle,
     run_on_loop,
+    send_call,
     shard_error,
     start_shard,
     watch_all,
@@ -50,7 +52,9 @@ logger = logging.getLogger(__name__)
 
 
 def _failed(error: BaseException, cause: BaseException) -> Failed:
-    """``error`` as a call's answer, caused by ``cause`` when it is another exception."""
+    """``error`` as a call's answer, caused by ``cause`` when it stands for it (never an error caused by itself: a
+    cycle of causes, which whoever walks the chain, distributed's error report of a failed task among them,
+    never leaves)."""
     if error is not cause:
         error.__cause__ = cause
     return Failed(error)
@@ -210,13 +214,12 @@ class DaskTransport:
         handle whose actor is already known lost fails here."""
         try:
             handle = self.table.handles[c.shard]
-            if not deferred:
-                return getattr(handle, c.method)(*c.args, **c.send_kwargs)
             if handle_lost(handle):
                 raise RuntimeError(f"{LOST_TEXT}.  Status: {handle._future.status}")
-            if c.on_loop:
-                return execute(handle, "call_on_loop", (c.method, *c.args), c.send_kwargs)
-            return execute(handle, c.method, c.args, c.send_kwargs)
+            method, args = ("call_on_loop", (c.method, *c.args)) if c.on_loop else (c.method, c.args)
+            if not deferred:
+                return send_call(handle, method, args, c.send_kwargs)
+            return execute(handle, method, args, c.send_kwargs)
         except Exception as exc:
             return Failed(exc)
 
@@ -224,7 +227,7 @@ class DaskTransport:
         """Wait for all remote calls in one hop to the event loop; failures come back as :class:`Failed`."""
 
         async def one(fut: Any) -> Any:
-            return await fut
+            return await (asyncio.wrap_future(fut) if isinstance(fut, concurrent.futures.Future) else fut)
 
         async def all_of() -> list[Any]:
             tasks = [asyncio.ensure_future(fut if asyncio.iscoroutine(fut) else one(fut)) for _, _, fut in remote]
@@ -258,7 +261,7 @@ class DaskTransport:
                     answers[i] = _failed(shard_error(name, c.shard, exc, limit), exc)
                     break
                 try:
-                    answers[i] = getattr(handle, c.method)(*c.args, **c.send_kwargs).result(
+                    answers[i] = send_call(handle, c.method, c.args, c.send_kwargs).result(
                         timeout=max(0.1, min(limit, deadline - time.monotonic())))
                     break
                 except Exception as again:

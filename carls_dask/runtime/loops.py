@@ -47,7 +47,7 @@ class TrainerDriver:
     sets the bank's step to the published step, so delta-log records carry the model step they
     follow), evaluates every ``eval_every`` steps, reports every ``ctx.metrics_every`` steps and
     after each evaluation, and every ``ctx.checkpoint.every`` steps saves the trainer's state
-    (the primary trainer snapshots the bank first).
+    (the primary trainer then snapshots the bank at the same step).
     """
 
     def __init__(self, trainer: Trainer, ctx: LoopContext) -> None:
@@ -124,7 +124,7 @@ class TrainerDriver:
         self._last_report = (now, self.step)
 
     def checkpoint(self) -> None:
-        """Save the trainer's state (the primary trainer snapshots the bank first)."""
+        """Save the trainer's state (the primary trainer then snapshots the bank at the same step)."""
         ctx = self.ctx
         if ctx.checkpoint is None:
             return
