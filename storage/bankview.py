@@ -279,14 +279,11 @@ def _records_to(root: pathlib.Path, man: Mapping[str, Any], entry: Mapping[str, 
 def table_order(man: Mapping[str, Any]) -> list[str]:
     """The tables of a snapshot manifest in the order the bank was created with them.
 
-    The order of the bank's table specs (``meta.tables``: the order a paradigm's ``tables()`` or
-    :meth:`KnowledgeBank.create <carls_dask.bank.KnowledgeBank.create>` gave them), then any other
-    table the snapshot holds, by name.
+    The order a paradigm's ``tables()`` or :meth:`KnowledgeBank.create <carls_dask.bank.KnowledgeBank.create>`
+    gave them (``meta.table_order``, kept by :func:`~carls_dask.storage.snapshots.commit_snapshot`), then any
+    other table the snapshot holds, by name.
     """
-    spec = man.get("meta", {}).get("tables") or next(
-        (info.get("meta", {}).get("tables") for info in man.get("shards", {}).values() if info.get("meta", {}).get("tables")),
-        {})
-    declared = [str(t) for t in spec]
+    declared = [str(t) for t in man.get("meta", {}).get("table_order", [])]
     held = [str(t) for t in man.get("tables", {})]
     return [t for t in declared if t in held] + sorted(t for t in held if t not in declared)
 

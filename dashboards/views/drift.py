@@ -182,6 +182,9 @@ class DriftView(RunView):
             cache.clear()
         self._versions = []
         self._last_inputs = None
+        if self.shown is not None:  # the figures showed another table's vectors
+            for fig in self.figures():
+                fig.set_note(fig.empty_note)
 
     def _offer(self, tables: list[str], table: str, columns: list[str], col: str) -> None:
         self._quiet = True
@@ -294,13 +297,19 @@ class DriftView(RunView):
         if d is not None:
             overall = d.sel(shard=-1)
             stats = ("mean", "p50", "p90", "p99")
-            self._l2.set([series(q, overall[f"l2_{q}"]) for q in stats])
-            self._cos.set([series(q, overall[f"cos_{q}"]) for q in stats])
+            self._l2.set([series(q, overall[f"l2_{q}"]) for q in stats], title=f"L2 change between snapshots{self._of()}")
+            self._cos.set([series(q, overall[f"cos_{q}"]) for q in stats],
+                          title=f"cosine distance between snapshots{self._of()}")
             shards = [int(s) for s in d["shard"].values if s >= 0]
-            self._shards.set([series(f"shard {s}", d["l2_mean"].sel(shard=s)) for s in shards])
+            self._shards.set([series(f"shard {s}", d["l2_mean"].sel(shard=s)) for s in shards],
+                             title=f"mean L2 change per shard{self._of()}")
         c = self.churn()
         if c is not None:
-            self._churn_plot.set([series(f"top-{self.k}", c)])
+            self._churn_plot.set([series(f"top-{self.k}", c)], title=f"neighbour churn{self._of()}")
+
+    def _of(self) -> str:
+        """`` (TABLE.COLUMN)`` of the vectors shown, for the figures' titles."""
+        return f" ({self.shown[0]}.{self.shown[1]})" if self.shown is not None else ""
 
     def _set_slider(self) -> None:
         steps = [self._steps[v] for v in self._versions if v in self._proj]
@@ -361,7 +370,9 @@ class DriftView(RunView):
         by = COLOURINGS[label]
         colours = plots.map_colours(proj, by)
         codes, names, hexes = colours
-        title = f"step {step}: colour {label} ({len(names)} values)" if names else f"step {step}: nothing in the run to colour by"
+        where = f"{self.shown[0]}.{self.shown[1]} " if self.shown is not None else ""
+        title = (f"{where}step {step}: colour {label} ({len(names)} values)" if names
+                 else f"{where}step {step}: nothing in the run to colour by")
         raster = plots.render_projection(proj, title, by=by, colours=colours)
         if raster is None:
             self._map.set_note("no rows to project", title=f"step {step}")
