@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 #: Height (pixels) of the figure of one series of a loop.
 SMALL_HEIGHT = 200
+#: Figures of a loop's own series side by side.
+SERIES_COLUMNS = 3
 
 
 def _set_xlabel(chart: LiveCurves, label: str) -> None:
@@ -192,9 +194,11 @@ class LearningView(RunView):
             for metric, name in series.items():
                 if ds[name].ndim != 1:
                     continue  # a vector per step (a histogram): not a curve
+                x, y = curve(ds, name, c.x_axis, c.smoothing, c.amount)
+                if not x.size and f"series-{name}" not in self.charts:
+                    continue  # no value written yet: its figure comes with the first
                 label = f"{loop}: {metric}" if loop else f"run: {metric}"
-                self._chart(f"series-{name}", label, metric, small=True).set(
-                    [(metric, *curve(ds, name, c.x_axis, c.smoothing, c.amount))])
+                self._chart(f"series-{name}", label, metric, small=True).set([(metric, x, y)])
         self._set_message("" if loops else "This run's metric store has no series yet.")
 
     def flush(self) -> int:
@@ -228,12 +232,15 @@ class LearningView(RunView):
                 name = key[len("series-"):]
                 loop = next((lp for lp, series in loops.others.items() if name in series.values()), "")
                 by_loop.setdefault(loop, []).append(chart)
+        rank = {"trainer": 0, "maker": 1}
         panes: list[pn.viewable.Viewable] = []
-        for loop, charts in by_loop.items():
+        for loop in sorted(by_loop, key=lambda lp: (not lp, rank.get(loops.kinds.get(lp, ""), 2))):
+            charts = by_loop[loop]
             kind = loops.kinds.get(loop, "")
             heading = f"#### {loop} ({kind})" if loop and kind else f"#### {loop}" if loop else "#### run"
             panes.append(pn.pane.Markdown(heading, sizing_mode="stretch_width"))
-            panes.append(pn.GridBox(*[c.pane for c in charts], ncols=3, sizing_mode="stretch_width"))
+            fill = [pn.Spacer(sizing_mode="stretch_width") for _ in range(-len(charts) % SERIES_COLUMNS)]
+            panes.append(pn.GridBox(*[c.pane for c in charts], *fill, ncols=SERIES_COLUMNS, sizing_mode="stretch_width"))
         return panes
 
     def _layout(self) -> pn.viewable.Viewable:
