@@ -113,12 +113,14 @@ class LiveFigure:
         """Show ``note`` instead of data (safe from any thread; applied by :meth:`flush`)."""
         self._queue({"note": note, "title": title, "empty": True})
 
-    def settle(self) -> None:
+    def settle(self) -> bool:
         """After a read of the run: a figure that never got data or a note says its :attr:`empty_note`
-        instead of :data:`LOADING` (safe from any thread; applied by :meth:`flush`)."""
+        instead of :data:`LOADING` (safe from any thread; applied by :meth:`flush`). Returns whether it queued that."""
         with self._lock:
             if self._pending is None and self._last is None:
                 self._pending = {"note": self.empty_note, "title": None, "empty": True}
+                return True
+            return False
 
     @property
     def pending(self) -> bool:

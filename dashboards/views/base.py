@@ -170,13 +170,15 @@ class RunView(pn.viewable.Viewer):
         return sum(f.flush() for f in self.figures())
 
     def _read(self) -> bool:
+        new = False
         try:
-            return self._read_once()
+            new = self._read_once()
         finally:
-            for fig in self.figures():
-                fig.settle()  # read once: an empty figure says why it is empty, no longer "loading"
+            # read once: an empty figure says why it is empty, no longer "loading" (a figure update to flush)
+            settled = [fig.settle() for fig in self.figures()]
             if self.message == LOADING_RUN:
                 self._set_message("")
+        return new or any(settled)
 
     def _read_once(self) -> bool:
         if self.reader is None:

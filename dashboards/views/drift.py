@@ -127,8 +127,11 @@ class DriftView(RunView):
         if not has_column(self.reader.snapshot(versions[-1], table), col):
             self._set_message(f"Table {table!r} has no column {col!r} in its newest snapshot; nothing to show.")
             return
-        msg = "" if len(versions) >= 2 else "One snapshot so far: drift needs two; the map shows the first."
+        drawn = [v for v in versions if v in self._proj]
+        msg = ("" if len(drawn) >= 2 else "One snapshot so far: drift needs two; the map shows the first." if drawn
+               else f"No snapshot of table {table!r} holds rows yet: drift appears once two do.")
         self._set_message(msg)
+        new = [v for v in new if v in self._proj]
         if new:
             self._redraw_curves()
             self._set_colourings()
@@ -141,8 +144,8 @@ class DriftView(RunView):
             cur = self.reader.snapshot(version, table)
         except KeyError:  # a snapshot from before the table was written
             return
-        if not has_column(cur, col):
-            return
+        if not has_column(cur, col) or cur.sizes.get("key", 0) < 2:
+            return  # nothing to project yet (the table's rows come in a later snapshot)
         idx = versions.index(version)
         prev_v = versions[idx - 1] if idx > 0 else None
         prev_proj = self._proj.get(prev_v) if prev_v is not None else None
