@@ -7,7 +7,6 @@ import concurrent.futures
 import logging
 import os
 import pathlib
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +17,7 @@ import param
 from bokeh.document import Document
 from panel.io.state import set_curdoc
 
+from carls_dask.dashboards.notebook import in_live_kernel, load_notebook_extension
 from carls_dask.dashboards.runreader import RunReader
 from carls_dask.dashboards.runs import find_runs
 from carls_dask.dashboards.views import (
@@ -483,35 +483,17 @@ class Dashboard(pn.viewable.Viewer):
     _panel: pn.viewable.Viewable | None = None
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
-        """Show inline in Jupyter with one call: load Panel's notebook extension if nobody did, then refresh live."""
-        _load_notebook_extension()
-        if _in_live_kernel():
-            self.start()  # reads at once in worker threads (the cell returns), then keeps the view current
-        elif not self.ticks:
-            self.refresh()  # no live kernel to refresh it later: show what the run holds now
+        """Show inline in Jupyter with one call: load Panel's notebook extension if nobody did (resources
+        inline), draw what the runs hold now into the output itself, then refresh live while a run goes on.
+
+        The output carries every figure as read here, so it does not depend on anything that runs after
+        the cell (a next cell that closes the cluster and keeps the kernel busy, a kernel that stops). A
+        run that has finished is not read again; while one still writes, the live kernel refreshes the
+        views periodically.
+        """
+        load_notebook_extension()
+        if not self.ticks:
+            self.refresh()  # what the runs hold now, in the output itself
+        if in_live_kernel() and not all(r.finished() for r in self.readers):
+            self.start()  # keeps the views current while the run writes
         return super()._repr_mimebundle_(include, exclude)
-
-
-def _load_notebook_extension() -> None:
-    """Load Panel's notebook extension (as ``pn.extension()`` in a cell would) unless it is loaded already."""
-    from panel.config import panel_extension
-
-    loaded = bool(panel_extension._loaded)
-    if not loaded and "holoviews" in sys.modules:
-        import holoviews as hv
-
-        loaded = bool(getattr(hv.extension, "_loaded", False))
-    if not loaded:
-        pn.extension()
-
-
-def _in_live_kernel() -> bool:
-    """Whether this code runs in a live IPython kernel (a notebook), where periodic callbacks run."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return False
-    try:
-        shell = ipython.get_ipython()
-    except Exception:
-        return False
-    return shell is not None and getattr(shell, "kernel", None) is not None
