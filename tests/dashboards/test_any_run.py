@@ -10,7 +10,6 @@ import shutil
 import subprocess
 
 import numpy as np
-import pytest
 
 from carls_dask.dashboards import Dashboard
 from carls_dask.dashboards.report import run_summary

@@ -106,6 +106,8 @@ def nodes_run(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
                          batch_size=256, dim=16, negatives=32, eval_every=EVERY, publish_every=EVERY)
 
 
+#: The figure of the user paradigm's maker's own series.
+OWN = "learning-series-neighbours.nb_planted_cos"
 #: Per run: its fixture and the tabs it has.
 RUNS = {
     "semi": ("semi_run", ["Learning", "Bank health", "Embedding drift", "Pseudo labels"]),
@@ -182,9 +184,8 @@ def test_every_tab_of_a_run_has_content(name: str, request: pytest.FixtureReques
             # Two plots side by side share the page: none is left at a fixed 460 pixels.
             assert widths and min(widths) > 0.4 * PAGE_WIDTH, f"{tab}: plot widths {widths} on a {PAGE_WIDTH}-pixel page"
             if name == "user-paradigm" and tab == "Learning":  # the maker's own figure, on a plot of its own
-                own = "learning-series-neighbours.nb_planted_cos"
-                wait_for(lambda: page.evaluate(_FIGURE_POINTS, own).get(own) == 2 * 3,  # line and markers: 3 each
-                         lambda: f"{own}: {page.evaluate(_FIGURE_POINTS, own)}; expected its 3 points", DRAW_DEADLINE,
+                wait_for(lambda: page.evaluate(_FIGURE_POINTS, OWN).get(OWN) == 2 * 3,  # line and markers: 3 each
+                         lambda: f"{OWN}: {page.evaluate(_FIGURE_POINTS, OWN)}; expected its 3 points", DRAW_DEADLINE,
                          interval=0.5, sleep=page_wait(page))
             if name == "user-paradigm" and tab == "Embedding drift":  # its other tables, chosen in the selector
                 assert page.evaluate(_TITLE, "drift-l2") == "L2 change between snapshots (items.embedding)"
