@@ -258,7 +258,11 @@ class RunReader:
         from carls_dask.storage.bankview import table_columns, table_order
         from carls_dask.storage.snapshots import read_manifest
 
-        snaps = self.snapshots()
+        try:
+            snaps = self.snapshots()
+        except StoreError as exc:  # a damaged store: the views say so (see damage()), with no table to show
+            logger.debug("bank store %s: no tables to read: %s", self.bank_path, exc)
+            return {}
         if not snaps:
             return {}
         version = int(snaps[-1]["version"])
