@@ -46,9 +46,8 @@ def inline_resources() -> None:
     :class:`~carls_dask.dashboards.Dashboard`, as ``panel serve`` pages do. It sets ``panel.config.inline``
     and HoloViews' ``extension.inline`` (when HoloViews is installed), has the component stylesheets of
     every figure rendered for the notebook inlined (a Panel preprocessing hook), and loads Panel's
-    notebook extension with the resources inline.
+    notebook extension with the resources inline (which sets ``panel.config.inline``).
     """
-    pn.config.inline = True
     try:
         import holoviews as hv
     except ImportError:  # no HoloViews: Panel's extension alone

@@ -297,7 +297,7 @@ def table_columns(man: Mapping[str, Any], table: str) -> dict[str, tuple[np.dtyp
     arrays = man.get("tables", {}).get(table, {}).get("arrays", {})
     held = {name[4:]: (np.dtype(d["dtype"]), tuple(int(n) for n in d["shape"]))
             for name, d in arrays.items() if name.startswith("col/")}
-    spec = man.get("meta", {}).get("tables", {}).get(table) or next(
+    spec: Mapping[str, Any] = man.get("meta", {}).get("tables", {}).get(table) or next(
         (info.get("meta", {}).get("tables", {}).get(table) for info in man.get("shards", {}).values()
          if info.get("meta", {}).get("tables", {}).get(table)), {})
     order = [str(c["name"]) for c in spec.get("columns", []) if c.get("name") in held]

@@ -495,7 +495,7 @@ def commit_snapshot(handle: SnapshotHandle, meta: Mapping[str, Any] | None = Non
     CorruptStoreError
         If the shards disagree (bucket counts, overlapping owned buckets).
     """
-    meta = _jsonable(dict(meta or {}))
+    meta = dict(_jsonable(dict(meta or {})))
     if isinstance(meta.get("tables"), Mapping) and "table_order" not in meta:
         meta["table_order"] = [str(t) for t in meta["tables"]]
     vdir = handle.path

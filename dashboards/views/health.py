@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import math
+from typing import Any
 
 import numpy as np
 import panel as pn
@@ -34,7 +35,7 @@ _TABLE_CSS = ("table.carls-tables {border-collapse: collapse; margin: 4px 0} .ca
 def provenance(tables: list[xr.Dataset]) -> xr.Dataset:
     """The rows of several tables as one dataset over ``key`` (positions): ``wall_time``, ``maker``, ``model_step``
     and ``shard`` of every row, where a table lacks one: NaN, ``""`` and -1."""
-    def part(ds: xr.Dataset, var: str, fill: object, dtype: object) -> np.ndarray:
+    def part(ds: xr.Dataset, var: str, fill: Any, dtype: Any) -> np.ndarray:
         n = ds.sizes.get("key", 0)
         return np.asarray(ds[var].values).astype(dtype) if has_column(ds, var) else np.full(n, fill, dtype=dtype)
 
