@@ -87,3 +87,19 @@ def test_the_report_of_a_user_paradigm_has_its_tables_and_figures_and_a_clean_lo
     for absent in ("Pseudo labels", "Curriculum", "Could not update this view"):
         assert absent not in page, absent
     shutil.copy(out, artifacts_dir / "report-user-paradigm.html")
+
+
+def test_table_on_the_command_lines(recsys_run: pathlib.Path) -> None:
+    from carls_dask.dashboard_cli import panel_command
+    from carls_dask.dashboards.dashboard import run_paths_from, table_from
+
+    cmd = panel_command([recsys_run], "127.0.0.1", 5006, table="users")
+    assert cmd[cmd.index("--args"):] == ["--args", "--table", "users", str(recsys_run)]
+    argv = ["app.py", *cmd[cmd.index("--args") + 1:]]  # what the served app reads
+    assert run_paths_from(argv, {}) == [recsys_run] and table_from(argv, {}) == "users"
+    assert table_from(["app.py", str(recsys_run)], {"CARLS_TABLE": "hist"}) == "hist"
+    assert table_from(["app.py", "--table=items", str(recsys_run)], {"CARLS_TABLE": "hist"}) == "items"
+    assert table_from(["app.py", str(recsys_run)], {}) is None
+    done = subprocess.run([CARLS_DASK, "dashboard", str(recsys_run), "--table", "hist", "--dry-run"], capture_output=True,
+                          text=True, timeout=300, env=console_env())
+    assert done.returncode == 0 and done.stdout.rstrip().endswith(f"--args --table hist {recsys_run}"), done
