@@ -54,11 +54,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "run_paths", metavar="RUN", type=pathlib.Path, nargs="+",
         help="run folder (metrics.zarr, bank/), several of them, or a folder of runs",
     )
+    _add_table(parser)
     parser.add_argument("--address", default=None, help="interface to bind (default: carls.dashboard.address, 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (default: carls.dashboard.port, 5006)")
     parser.add_argument("--refresh", default=None, help="refresh period, e.g. 2s (default: carls.dashboard.refresh)")
     parser.add_argument("--show", action="store_true", help="open a browser tab")
     parser.add_argument("--dry-run", action="store_true", help="print the panel serve command instead of running it")
+
+
+def _add_table(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--table", default=None, metavar="NAME",
+        help="bank table the views show first (default: the first table, in the order the run created them, "
+             "that has a float vector column); bank health covers every table either way",
+    )
 
 
 def bind_address(address: str | None = None, port: int | None = None) -> tuple[str, int]:
@@ -77,9 +86,11 @@ def bind_address(address: str | None = None, port: int | None = None) -> tuple[s
 
 
 def panel_command(
-    runs: pathlib.Path | Sequence[pathlib.Path], address: str | None = None, port: int | None = None, show: bool = False
+    runs: pathlib.Path | Sequence[pathlib.Path], address: str | None = None, port: int | None = None, show: bool = False,
+    table: str | None = None,
 ) -> list[str]:
-    """The ``panel serve`` command line that serves the run folder(s) ``runs`` (each becomes one ``--args`` value).
+    """The ``panel serve`` command line that serves the run folder(s) ``runs`` (each becomes one ``--args`` value;
+    ``table`` goes there as ``--table NAME``).
 
     Raises
     ------
@@ -100,7 +111,7 @@ def panel_command(
         cmd += ["--allow-websocket-origin", f"localhost:{port}" if address == "127.0.0.1" else f"127.0.0.1:{port}"]
     if show:
         cmd.append("--show")
-    return [*cmd, "--args", *(str(p) for p in paths)]
+    return [*cmd, "--args", *(["--table", table] if table else []), *(str(p) for p in paths)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         config.get_seconds("dashboard.refresh", args.refresh)  # validate before starting the server
         env["DASK_CARLS__DASHBOARD__REFRESH"] = str(args.refresh)
     runs = find_runs(args.run_paths)
-    cmd = panel_command(runs, args.address, args.port, args.show)
+    cmd = panel_command(runs, args.address, args.port, args.show, table=args.table)
     for line in _damage_lines(runs):
         sys.stderr.write(f"carls-dask dashboard: {line}\n")
     if args.dry_run:
@@ -146,6 +157,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
         help="HTML file to write (default: report.html); its folder must exist",
     )
     parser.add_argument("--title", default=None, help="title of the page (default: the runs' names)")
+    _add_table(parser)
 
 
 def _damage_lines(runs: Sequence[pathlib.Path]) -> list[str]:
@@ -169,7 +181,7 @@ def run_report(args: argparse.Namespace) -> int:
     from carls_dask.dashboards.report import write_report
     from carls_dask.dashboards.runs import find_runs
 
-    out = write_report(args.run_paths, args.output, title=args.title)
+    out = write_report(args.run_paths, args.output, title=args.title, table=args.table)
     sys.stdout.write(f"carls-dask report: wrote {out} ({out.stat().st_size / 1e6:.1f} MB)\n")
     damaged = _damage_lines(find_runs(args.run_paths))
     for line in damaged:

@@ -12,11 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from carls_dask.dashboards.dashboard import Dashboard
+    from carls_dask.dashboards.notebook import inline_resources
     from carls_dask.dashboards.runreader import RunReader
 
-_WHERE = {"Dashboard": "carls_dask.dashboards.dashboard", "RunReader": "carls_dask.dashboards.runreader"}
+_WHERE = {
+    "Dashboard": "carls_dask.dashboards.dashboard",
+    "RunReader": "carls_dask.dashboards.runreader",
+    "inline_resources": "carls_dask.dashboards.notebook",
+}
 
-__all__ = ["Dashboard", "RunReader"]
+__all__ = ["Dashboard", "RunReader", "inline_resources"]
 
 
 def __getattr__(name: str) -> Any:

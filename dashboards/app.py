@@ -1,7 +1,7 @@
-"""Served dashboard of runs: ``panel serve dashboards/app.py --args RUN [RUN ...]`` (or ``CARLS_RUN=RUN``).
+"""Served dashboard of runs: ``panel serve dashboards/app.py --args [--table NAME] RUN [RUN ...]`` (or ``CARLS_RUN=RUN``).
 
-Every argument is a run folder (or a folder of runs). Bind it to localhost, as ``carls-dask dashboard RUN``
-does::
+Every argument is a run folder (or a folder of runs); ``--table NAME`` (or ``CARLS_TABLE``) names the bank
+table the views show first. Bind it to localhost, as ``carls-dask dashboard RUN`` does::
 
     panel serve dashboards/app.py --address 127.0.0.1 --port 5006 \\
         --allow-websocket-origin=127.0.0.1:5006 --args runs/cora runs/cora-base
@@ -16,7 +16,7 @@ import panel as pn
 
 from carls_dask import config
 from carls_dask.dashboards import plots
-from carls_dask.dashboards.dashboard import Dashboard, run_paths_from
+from carls_dask.dashboards.dashboard import Dashboard, run_paths_from, table_from
 
 pn.extension(sizing_mode="stretch_width", notifications=False, inline=True)  # no CDN: works offline
 
@@ -58,6 +58,7 @@ def build() -> pn.viewable.Viewable | pn.viewable.Viewer:
         )
     dash = Dashboard(
         paths,
+        table=table_from(sys.argv),
         period=config.get_seconds("dashboard.refresh"),
         plot_period=config.get_seconds("dashboard.plot-refresh"),
     )

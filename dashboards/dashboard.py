@@ -7,7 +7,6 @@ import concurrent.futures
 import logging
 import os
 import pathlib
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +17,7 @@ import param
 from bokeh.document import Document
 from panel.io.state import set_curdoc
 
+from carls_dask.dashboards.notebook import in_live_kernel, load_notebook_extension
 from carls_dask.dashboards.runreader import RunReader
 from carls_dask.dashboards.runs import find_runs
 from carls_dask.dashboards.views import (
@@ -31,31 +31,58 @@ from carls_dask.dashboards.views import (
 from carls_dask.dashboards.views.base import RunView, on_page, served
 from carls_dask.errors import ConfigError
 
-__all__ = ["RUN_TABS", "Dashboard", "RunsArg", "run_path_from", "run_paths_from"]
+__all__ = ["RUN_TABS", "Dashboard", "RunsArg", "run_path_from", "run_paths_from", "table_from"]
 
 logger = logging.getLogger(__name__)
 
 #: Environment variable naming the run folder when none is given on the command line.
 RUN_ENV = "CARLS_RUN"
+#: Environment variable naming the bank table shown first when ``--table`` is not given.
+TABLE_ENV = "CARLS_TABLE"
+#: The option of ``panel serve ... --args`` naming the bank table shown first.
+TABLE_OPTION = "--table"
+
+
+def _split_args(argv: list[str]) -> tuple[list[str], str | None]:
+    """``argv[1:]`` without ``--table NAME`` (or ``--table=NAME``), and that name."""
+    rest: list[str] = []
+    table = None
+    args = iter(argv[1:])
+    for a in args:
+        if a == TABLE_OPTION:
+            table = next(args, None)
+        elif a.startswith(TABLE_OPTION + "="):
+            table = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+    return rest, table or None
 
 
 def run_path_from(argv: list[str], environ: dict[str, str] | None = None) -> pathlib.Path | None:
     """The run folder from ``panel serve ... --args RUN_PATH`` (``argv[1]``) or the ``CARLS_RUN`` variable."""
     env = os.environ if environ is None else environ
-    if len(argv) > 1 and argv[1]:
-        return pathlib.Path(argv[1])
+    rest, _ = _split_args(argv)
+    if rest and rest[0]:
+        return pathlib.Path(rest[0])
     if env.get(RUN_ENV):
         return pathlib.Path(env[RUN_ENV])
     return None
 
 
 def run_paths_from(argv: list[str], environ: dict[str, str] | None = None) -> list[pathlib.Path]:
-    """Every run path from ``panel serve ... --args RUN [RUN ...]`` (``argv[1:]``), else the ``CARLS_RUN`` variable."""
-    paths = [pathlib.Path(a) for a in argv[1:] if a]
+    """Every run path from ``panel serve ... --args [--table NAME] RUN [RUN ...]``, else the ``CARLS_RUN`` variable."""
+    paths = [pathlib.Path(a) for a in _split_args(argv)[0] if a]
     if paths:
         return paths
     one = run_path_from(argv, environ)
     return [one] if one is not None else []
+
+
+def table_from(argv: list[str], environ: dict[str, str] | None = None) -> str | None:
+    """The bank table shown first from ``panel serve ... --args --table NAME ...``, else the ``CARLS_TABLE``
+    variable; ``None`` (the default rule's table) when neither names one."""
+    env = os.environ if environ is None else environ
+    return _split_args(argv)[1] or env.get(TABLE_ENV) or None
 
 
 #: What :class:`Dashboard` accepts as its runs: a path, a reader, or a sequence of them.
@@ -89,7 +116,7 @@ def _plot_readers() -> concurrent.futures.ThreadPoolExecutor:
         return _PLOT_READERS[0]
 
 
-def _readers(runs: RunsArg, table: str = "nodes") -> list[RunReader]:
+def _readers(runs: RunsArg, table: str | None = None) -> list[RunReader]:
     """Readers of the runs named by ``runs`` (see :class:`Dashboard`); a path's reader reads bank table ``table``."""
     if isinstance(runs, RunReader):
         return [runs]
@@ -158,7 +185,10 @@ class Dashboard(pn.viewable.Viewer):
     **params
         Parameters below; ``reader=RunReader(path)`` instead of ``runs`` shows one run.
     table
-        The bank table the views of a run given as a path read (a :class:`RunReader` says its own).
+        The bank table the views of a run given as a path show first (a :class:`RunReader` says its
+        own); ``None``: the first table, in the order the bank was created with them, that has a float
+        vector column (:func:`~carls_dask.dashboards.runreader.default_table`). Bank health covers every
+        table, and the drift tab offers every table with a float vector column.
 
     Call :meth:`refresh` to read what is new, or :meth:`start` to refresh periodically (in a served
     app or a live notebook). Periodic refreshes read the runs in worker threads and update the figures
@@ -178,7 +208,7 @@ class Dashboard(pn.viewable.Viewer):
     ticks = param.Integer(default=0, doc="Refreshes of the headline figures so far.")
     plot_refreshes = param.Integer(default=0, doc="Refreshes of the plots so far.")
 
-    def __init__(self, runs: RunsArg | None = None, *, table: str = "nodes", **params: Any) -> None:
+    def __init__(self, runs: RunsArg | None = None, *, table: str | None = None, **params: Any) -> None:
         if runs is not None and params.get("reader") is not None:
             raise ConfigError("Dashboard: got both runs and reader=; give one of them")
         if runs is not None:
@@ -453,35 +483,17 @@ class Dashboard(pn.viewable.Viewer):
     _panel: pn.viewable.Viewable | None = None
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Any:
-        """Show inline in Jupyter with one call: load Panel's notebook extension if nobody did, then refresh live."""
-        _load_notebook_extension()
-        if _in_live_kernel():
-            self.start()  # reads at once in worker threads (the cell returns), then keeps the view current
-        elif not self.ticks:
-            self.refresh()  # no live kernel to refresh it later: show what the run holds now
+        """Show inline in Jupyter with one call: load Panel's notebook extension if nobody did (resources
+        inline), draw what the runs hold now into the output itself, then refresh live while a run goes on.
+
+        The output carries every figure as read here, so it does not depend on anything that runs after
+        the cell (a next cell that closes the cluster and keeps the kernel busy, a kernel that stops). A
+        run that has finished is not read again; while one still writes, the live kernel refreshes the
+        views periodically.
+        """
+        load_notebook_extension()
+        if not self.ticks:
+            self.refresh()  # what the runs hold now, in the output itself
+        if in_live_kernel() and not all(r.finished() for r in self.readers):
+            self.start()  # keeps the views current while the run writes
         return super()._repr_mimebundle_(include, exclude)
-
-
-def _load_notebook_extension() -> None:
-    """Load Panel's notebook extension (as ``pn.extension()`` in a cell would) unless it is loaded already."""
-    from panel.config import panel_extension
-
-    loaded = bool(panel_extension._loaded)
-    if not loaded and "holoviews" in sys.modules:
-        import holoviews as hv
-
-        loaded = bool(getattr(hv.extension, "_loaded", False))
-    if not loaded:
-        pn.extension()
-
-
-def _in_live_kernel() -> bool:
-    """Whether this code runs in a live IPython kernel (a notebook), where periodic callbacks run."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return False
-    try:
-        shell = ipython.get_ipython()
-    except Exception:
-        return False
-    return shell is not None and getattr(shell, "kernel", None) is not None

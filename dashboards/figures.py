@@ -24,7 +24,7 @@ from bokeh.models.annotations import Label, Legend, Title
 from bokeh.plotting import figure
 
 __all__ = [
-    "HEIGHT", "MIN_WIDTH", "WIDTH", "LiveBars", "LiveCurves", "LiveFigure", "LiveHeatmap", "LiveImage", "LiveLogCurves",
+    "HEIGHT", "LOADING", "MIN_WIDTH", "WIDTH", "LiveBars", "LiveCurves", "LiveFigure", "LiveHeatmap", "LiveImage", "LiveLogCurves",
     "LiveMap", "LiveStackedBars",
 ]
 
@@ -33,6 +33,8 @@ HEIGHT = 260
 #: Least width of a figure (pixels) when the page is narrow.
 MIN_WIDTH = 320
 _TOOLS = "pan,wheel_zoom,box_zoom,reset,save"
+#: What an empty figure says until its view has read the run once (then its own note, or its data).
+LOADING = "loading..."
 _PALETTE = colorcet.palette["glasbey_category10"]
 
 
@@ -51,7 +53,8 @@ class LiveFigure:
     title
         Title of the figure (an update may change it).
     note
-        Text shown on the empty figure until the first data arrives.
+        Text shown on the empty figure once its view has read the run and found nothing to draw
+        (:meth:`settle`); until that first read it says :data:`LOADING`.
     xlabel, ylabel
         Axis labels.
     width, height
@@ -78,8 +81,11 @@ class LiveFigure:
             title=title, width=width, height=height, min_width=min(width, MIN_WIDTH), x_axis_label=xlabel, y_axis_label=ylabel,
             tools=_TOOLS, toolbar_location="above", name=name, **figure_kw,
         )
+        #: The note shown while there is nothing to draw (after the first read).
+        self.empty_note = note
         self.note = Label(
-            x=10, y=height // 2 - 30, x_units="screen", y_units="screen", text=note, text_color="#666666", text_font_size="11pt",
+            x=10, y=height // 2 - 30, x_units="screen", y_units="screen", text=LOADING, text_color="#666666",
+            text_font_size="11pt",
         )
         self.figure.add_layout(self.note)
         self._lock = threading.Lock()
@@ -106,6 +112,15 @@ class LiveFigure:
     def set_note(self, note: str, title: str | None = None) -> None:
         """Show ``note`` instead of data (safe from any thread; applied by :meth:`flush`)."""
         self._queue({"note": note, "title": title, "empty": True})
+
+    def settle(self) -> bool:
+        """After a read of the run: a figure that never got data or a note says its :attr:`empty_note`
+        instead of :data:`LOADING` (safe from any thread; applied by :meth:`flush`). Returns whether it queued that."""
+        with self._lock:
+            if self._pending is None and self._last is None:
+                self._pending = {"note": self.empty_note, "title": None, "empty": True}
+                return True
+            return False
 
     @property
     def pending(self) -> bool:
@@ -166,7 +181,7 @@ class LiveCurves(LiveFigure):
     def set(self, series: Sequence[tuple[str, Any, Any]], title: str | None = None) -> None:
         """Queue lines ``(name, x, y)`` (arrays of equal length); no lines shows the note."""
         if not series:
-            self.set_note(str(self.note.text), title)
+            self.set_note(self.empty_note, title)
             return
         lines = {
             str(name): (np.asarray(x, dtype=np.float64).copy(), np.asarray(y, dtype=np.float64).copy()) for name, x, y in series
@@ -404,7 +419,8 @@ class LiveLogCurves(LiveCurves):
             name=f"{name}-log" if name else None, visible=False, **kw,
         )
         self.log_note = Label(
-            x=10, y=self.note.y, x_units="screen", y_units="screen", text=note, text_color="#666666", text_font_size="11pt",
+            x=10, y=self.note.y, x_units="screen", y_units="screen", text=LOADING, text_color="#666666",
+            text_font_size="11pt",
         )
         self.log_figure.add_layout(self.log_note)
         self.log_figure.add_tools(HoverTool(tooltips=[("series", "$name"), (xlabel, "@x"), (ylabel, "@y")]))

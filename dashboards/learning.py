@@ -26,7 +26,7 @@ import pandas as pd
 import xarray as xr
 
 from carls_dask.errors import ConfigError
-from carls_dask.storage.runfolder import TRAIN_LOSS, RunFolder
+from carls_dask.storage.runfolder import MAKER_STALENESS_S, MAKER_VERSION, TRAIN_LOSS, RunFolder
 
 __all__ = [
     "MAKER_METRICS",
@@ -57,6 +57,8 @@ X_AXES = ("step", "wall time (s)")
 #: Unprefixed series some runs write for their trainer (older runs, test writers); used only when
 #: no ``trainer.<metric>`` series exists.
 _TRAINER_ALIASES = {TRAIN_LOSS: "loss", "val_acc": "val_acc", "test_acc": "test_acc", "train_acc": "train_acc"}
+#: Unprefixed series the progress sink writes as copies of one loop's series under another name.
+_SINK_COPIES = {MAKER_STALENESS_S, MAKER_VERSION}
 #: Names of evaluation metrics: accuracies, top-k, recall@k, precision, recall, F1, AUC, ranks.
 _EVAL = re.compile(r"(^|_)(acc|accuracy|top\d+|precision|recall|f1|auc|mrr|ndcg)($|_|@)|r@\d+|top\d+")
 #: Loss-like metric names of a trainer (the loss and its parts are drawn together).
@@ -84,21 +86,30 @@ class Loops:
         Trainer name to ``{metric: series name}`` of its loss (``loss``) and evaluation metrics, in store order.
     makers
         Maker name to ``{metric: series name}`` of :data:`MAKER_METRICS` it writes.
+    others
+        Every loop (trainers, makers and loops of another kind) to ``{metric: series name}`` of its other
+        series, in store order; ``""`` holds series written without a loop's name that copy none of them.
+    kinds
+        Loop name to its kind (``"trainer"``, ``"maker"`` or ``""`` when the run does not say).
     """
 
     trainers: dict[str, dict[str, str]] = field(default_factory=dict)
     makers: dict[str, dict[str, str]] = field(default_factory=dict)
+    others: dict[str, dict[str, str]] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)
 
     def series(self) -> list[str]:
-        """Every series name drawn (trainers first)."""
-        return [s for group in (self.trainers, self.makers) for loop in group.values() for s in loop.values()]
+        """Every series name drawn (trainers first, then makers, then the loops' other series)."""
+        return [s for group in (self.trainers, self.makers, self.others) for loop in group.values()
+                for s in loop.values()]
 
     def trainer_series(self) -> list[str]:
         """The series of every trainer: ``TRAINER.loss`` and its evaluation metrics."""
         return [s for loop in self.trainers.values() for s in loop.values()]
 
     def __bool__(self) -> bool:
-        return bool(self.trainers or self.makers)
+        """Whether a loop wrote a series (series written without a loop's name alone do not count)."""
+        return bool(self.trainers or self.makers or any(loop for loop in self.others))
 
 
 def _kinds(result: Mapping[str, Any] | None) -> dict[str, str]:
@@ -112,8 +123,12 @@ def discover(names: Iterable[str], result: Mapping[str, Any] | None = None) -> L
     A loop is a trainer when it writes ``LOOP.loss`` or ``result["loops"][LOOP]["kind"] == "trainer"``;
     its curves are ``loss`` and every evaluation metric (see :func:`is_eval_metric`). A loop is a
     maker when it writes one of :data:`MAKER_METRICS` (and is no trainer) or ``result`` says it is one.
-    Unprefixed aliases (``train_loss``, ``val_acc``, ``test_acc``, ``train_acc``) stand for the
-    trainer named ``trainer`` only when that trainer has no prefixed series of the same metric.
+    Every other series of a loop (``trainer.steps_per_s``, a maker's own ``nb_planted_cos``) is one
+    of its :attr:`Loops.others`, but ``LOOP.step`` (the x axis itself). Unprefixed aliases
+    (``train_loss``, ``val_acc``, ``test_acc``, ``train_acc``) stand for the trainer named ``trainer``
+    only when that trainer has no prefixed series of the same metric; the other unprefixed series are
+    copies the progress sink writes of a loop's series (:data:`_SINK_COPIES`, or one named as a loop's
+    metric) and are left out, except those that copy none (a run written without loop names).
 
     Parameters
     ----------
@@ -132,14 +147,28 @@ def discover(names: Iterable[str], result: Mapping[str, Any] | None = None) -> L
     loops = Loops()
     for loop, metrics in by_loop.items():
         kind = kinds.get(loop, "")
+        drawn: set[str] = {"step"}
         if kind == "trainer" or (not kind and "loss" in metrics):
             chosen = {m: s for m, s in metrics.items() if _LOSS.search(m) or is_eval_metric(m)}
             ordered = dict(sorted(chosen.items(), key=lambda kv: (kv[0] != "loss", not _LOSS.search(kv[0]))))
             loops.trainers[loop] = ordered
+            loops.kinds[loop] = "trainer"
+            drawn |= set(chosen)
         elif kind == "maker" or any(m in metrics for m in MAKER_METRICS):
             loops.makers[loop] = {m: metrics[m] for m in MAKER_METRICS if m in metrics}
+            loops.kinds[loop] = "maker"
+            drawn |= set(MAKER_METRICS)
+        else:
+            loops.kinds[loop] = kind
+        rest = {m: s for m, s in metrics.items() if m not in drawn}
+        if rest:
+            loops.others[loop] = rest
     present = set(names)
     aliases = {metric: name for name, metric in _TRAINER_ALIASES.items() if name in present}
+    copied = {m for metrics in by_loop.values() for m in metrics} | _SINK_COPIES | set(_TRAINER_ALIASES)
+    own = {name: name for name in names if "." not in name and name not in copied and name != "wall_time"}
+    if own:
+        loops.others[""] = own
     if aliases:
         trainer = loops.trainers.setdefault("trainer", {})
         for metric, name in aliases.items():

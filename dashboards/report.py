@@ -11,7 +11,6 @@ server for a new figure (the drift view's snapshot slider, the pseudo-label thre
 from __future__ import annotations
 
 import html
-import json
 import logging
 import os
 import pathlib
@@ -32,17 +31,13 @@ from carls_dask.dashboards.dashboard import Dashboard
 from carls_dask.dashboards.runreader import RunReader
 from carls_dask.dashboards.runs import find_runs
 from carls_dask.dashboards.views.compare import CompareView
-from carls_dask.errors import ConfigError
+from carls_dask.errors import ConfigError, StoreError
 from carls_dask.storage.runcheck import run_damage
 from carls_dask.storage.runfolder import REPORT, RESULT, RunFolder
 
 __all__ = ["check_report_paths", "make_dashboards", "run_summary", "write_report"]
 
 logger = logging.getLogger(__name__)
-
-#: Figures of a run's ``result.json`` shown in the report's table of runs, with their headings.
-SUMMARY_FIGURES = (("test_acc", "test accuracy"), ("best_val_acc", "best val accuracy"), ("best_step", "best step"))
-
 
 #: Page icons: none fetched (Panel's page template links its CDN's icons unless told otherwise).
 NO_ICON_LINKS = {"app_favicon": "data:,", "apple_icon": ""}
@@ -70,40 +65,52 @@ def check_report_paths(runs: Sequence[pathlib.Path], out: pathlib.Path) -> None:
         raise ConfigError(f"report: the folder of output {out} ({out.parent}) does not exist; create it first")
 
 
-def make_dashboards(runs: Sequence[pathlib.Path]) -> list[tuple[str, Dashboard | CompareView]]:
+def make_dashboards(runs: Sequence[pathlib.Path], table: str | None = None) -> list[tuple[str, Dashboard | CompareView]]:
     """The parts of the report, each with its heading: the comparison of the runs (when there are several), then each run's dashboard.
 
-    A file has no server to switch the run a dashboard shows, so each run gets its own tabs.
+    A file has no server to switch the run a dashboard shows, so each run gets its own tabs. ``table``
+    is the bank table each run's views show first (``None``: the default rule's, see
+    :func:`~carls_dask.dashboards.runreader.default_table`).
     """
     parts: list[tuple[str, Dashboard | CompareView]] = []
     if len(runs) > 1:
         parts.append((f"Comparison of {len(runs)} runs", CompareView(readers=[RunReader(r) for r in runs])))
-    parts.extend((run.name if len(runs) > 1 else "", Dashboard(run)) for run in runs)
+    parts.extend((run.name if len(runs) > 1 else "", Dashboard(run, table=table)) for run in runs)
     return parts
 
 
-def run_summary(run: pathlib.Path) -> dict[str, str]:
-    """One row of the table of runs: the run's name and what its ``result.json`` says (empty while it runs).
+def _shown(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
-    A finished run that lacks a part (see :func:`~carls_dask.storage.runcheck.run_damage`) says which.
+
+def run_summary(run: pathlib.Path) -> dict[str, str]:
+    """One row of the table of runs: the run's name, what it ran, and its own figures (named as it names them).
+
+    The figures are those of its ``result.json`` (every number but the settings it repeats, see
+    :func:`~carls_dask.dashboards.learning.final_figures`); while it runs, the last value of each
+    trainer's loss and evaluation series. A finished run that lacks a part (see
+    :func:`~carls_dask.storage.runcheck.run_damage`) says which.
     """
+    from carls_dask.dashboards.learning import final_figures, run_info
+
     row = {"run": run.name, "folder": str(run)}
     try:
-        result = json.loads(RunFolder(run).result.read_text())
-    except FileNotFoundError:
-        return {**row, "state": f"no {RESULT} (running, stopped or failed)"}
-    except (OSError, ValueError) as exc:
+        result = RunFolder(run).read_json(RESULT)
+    except StoreError as exc:
         return {**row, "state": f"unreadable {RESULT}: {exc}"}
-    figures = result.get("figures", {})
+    info = run_info(run)
+    if result is None:
+        figures = final_figures(info, RunReader(run).metrics())
+        row.update(paradigm=info.paradigm, variant=info.variant, seed="" if info.seed is None else str(info.seed))
+        row.update({k: _shown(v) for k, v in figures.items()})
+        return {**row, "state": f"no {RESULT} (running, stopped or failed)"}
     row.update(
         paradigm=str(result.get("paradigm", "")),
         variant=str(result.get("variant", "")),
         seed=str(result.get("seed", "")),
-        steps=str(result.get("settings", {}).get("steps", figures.get("steps", ""))),
+        steps=str(result.get("settings", {}).get("steps", "")),
     )
-    for key, heading in SUMMARY_FIGURES:
-        value = figures.get(key)
-        row[heading] = "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+    row.update({k: _shown(v) for k, v in final_figures(info).items()})
     damage = run_damage(run)
     return {**row, "state": f"finished, but {'; '.join(damage)}" if damage else "finished"}
 
@@ -163,7 +170,8 @@ def _inline_document(page: pn.viewable.Viewable) -> Document:
 
 
 def write_report(
-    runs: pathlib.Path | Sequence[pathlib.Path], out: str | os.PathLike[str], *, title: str | None = None
+    runs: pathlib.Path | Sequence[pathlib.Path], out: str | os.PathLike[str], *, title: str | None = None,
+    table: str | None = None,
 ) -> pathlib.Path:
     """Write the dashboard of ``runs`` (run folders, or folders of runs) as one self-contained HTML file.
 
@@ -175,6 +183,9 @@ def write_report(
         HTML file to write (replaced if it exists); its folder must exist.
     title
         Title of the page; default: ``carls-dask report: `` and the runs' names.
+    table
+        The bank table each run's views show first (``None``: the default rule's; the drift tab's selector
+        is fixed in a file, so this is the table its figures show).
 
     Returns
     -------
@@ -194,7 +205,7 @@ def write_report(
         title = f"carls-dask report: {names}"
     t0 = time.perf_counter()
     sections: list[pn.viewable.Viewable] = []
-    for heading, dash in make_dashboards(paths):
+    for heading, dash in make_dashboards(paths, table):
         dash.refresh()  # every view: read, draw, and finish (e.g. rasterise the drift map) here and now
         if heading:
             sections.append(pn.pane.Markdown(f"## {heading}"))

@@ -24,30 +24,36 @@ import xarray as xr
 from carls_dask.errors import StoreError, StoreNotFoundError
 from carls_dask.storage.runfolder import BANK, METRICS, RunFolder
 
-__all__ = ["RunReader", "snapshot_to_dataset"]
+__all__ = ["RunReader", "default_column", "default_table", "vector_columns"]
 
 logger = logging.getLogger(__name__)
 
-def snapshot_to_dataset(arrays: dict[str, np.ndarray], table: str, makers: list[str] | None = None) -> xr.Dataset:
-    """Turn one table of a shard-state dict (``keys``, ``col/*``, ``prov/*``, ...) into a bank dataset.
+#: What a table's columns are: name to (dtype, shape of one row).
+Columns = dict[str, tuple[np.dtype[Any], tuple[int, ...]]]
 
-    Columns become variables over ``key`` (vector columns get a ``<column>_dim`` dimension), provenance
-    fields keep their names (``version``, ``model_step``, ``maker`` as names, ``wall_time``), and
-    optimizer slots are left out.
+
+def vector_columns(columns: Columns) -> list[str]:
+    """The float vector columns among ``columns`` (one row is a 1-D float vector of two or more elements), in order."""
+    return [c for c, (dtype, shape) in columns.items() if dtype.kind == "f" and len(shape) == 1 and shape[0] >= 2]
+
+
+def default_table(tables: dict[str, Columns]) -> str | None:
+    """The table the dashboard shows first: the first table, in the order the bank was created with them,
+    that has a float vector column; the first table when none has one; ``None`` for a bank without tables.
+
+    (A paradigm lists its tables in ``tables()``; put the table to look at first there, or name it with
+    ``--table``.)
     """
-    keys = np.asarray(arrays["keys"], dtype=np.int64)
-    data: dict[str, Any] = {}
-    for name, arr in arrays.items():
-        if name == "keys" or name.startswith("slot/") or name == "bucket_offsets":
-            continue
-        short = name.split("/", 1)[1] if "/" in name else name
-        arr = np.asarray(arr)
-        if short == "maker" and makers is not None and arr.dtype.kind in "iu":
-            names = np.asarray([*makers, ""], dtype=str)
-            arr = names[np.where((arr >= 0) & (arr < len(makers)), arr, len(makers))]
-        dims = ("key", *(f"{short}_{i}" if i else f"{short}_dim" for i in range(arr.ndim - 1)))
-        data[short] = (dims, arr)
-    return xr.Dataset(data, coords={"key": keys}, attrs={"table": table})
+    for name, cols in tables.items():
+        if vector_columns(cols):
+            return name
+    return next(iter(tables), None)
+
+
+def default_column(columns: Columns) -> str | None:
+    """The vector column shown first: ``embedding`` when the table has one, else its first float vector column."""
+    vectors = vector_columns(columns)
+    return "embedding" if "embedding" in vectors else next(iter(vectors), None)
 
 
 def _mtime_ns(path: pathlib.Path) -> int:
@@ -65,23 +71,29 @@ class RunReader:
     path
         The run folder.
     table
-        The bank table the dashboards show.
+        The bank table the views show first (:attr:`table`); ``None``: the one :func:`default_table`
+        picks from what the run's bank holds.
     cache_snapshots
         How many snapshot datasets to keep in memory.
+
+    Every bank read takes a ``table`` (default :attr:`table`); the headline figures cover every table.
     """
 
-    def __init__(self, path: str | os.PathLike[str], table: str = "nodes", cache_snapshots: int = 4) -> None:
+    def __init__(self, path: str | os.PathLike[str], table: str | None = None, cache_snapshots: int = 4) -> None:
         self.path = pathlib.Path(path)
         self.folder = RunFolder(self.path)
-        self.table = table
-        self._cache: OrderedDict[int, xr.Dataset] = OrderedDict()
+        #: The table asked for (``None``: the default rule's).
+        self.requested_table = table
+        self._cache: OrderedDict[tuple[str, int], xr.Dataset] = OrderedDict()
         self._cache_size = cache_snapshots
+        self._tables: dict[str, Columns] = {}
+        self._tables_version = -1
+        self._tables_lock = threading.Lock()
         self._metrics: xr.Dataset | None = None
         self._metrics_series: dict[str, Any] | None = None
         #: Metric rows read from the store so far (the cursor reads each committed row once).
         self.metric_rows_read = 0
-        self._latest: xr.Dataset | None = None
-        self._latest_stamp: tuple[int, ...] = ()
+        self._latest: dict[str, tuple[tuple[int, ...], xr.Dataset]] = {}
         self._truth: xr.DataArray | None = None
         self._truth_stamp = -1
         self._damage: list[str] = []
@@ -98,7 +110,7 @@ class RunReader:
         self._head: dict[str, float] | None = None
         self._bytes: tuple[tuple[int, ...], dict[str, int] | None] = ((), None)
         self._head_version = -1
-        self._head_keys = np.zeros(0, np.int64)
+        self._head_keys: dict[str, np.ndarray] = {}
         self._head_max: dict[str, float] = {}
         self._head_seq: dict[int, int] = {}
 
@@ -140,6 +152,10 @@ class RunReader:
             if damage:
                 return f"Run {self.path} finished, but {'; '.join(damage)}: there is nothing to show."
             return f"Run folder {self.path} is empty so far: no {METRICS} and no {BANK}/ snapshot. Waiting for the run to write."
+        tables = self.tables()
+        if self.requested_table is not None and tables and self.requested_table not in tables:
+            return (f"Run {self.path}: its bank has no table {self.requested_table!r}; its tables are {list(tables)} "
+                    "(name one of them with --table, or none for the default).")
         return None
 
     # ------------------------------------------------------------------ metrics
@@ -224,21 +240,54 @@ class RunReader:
 
     # ------------------------------------------------------------------ bank
 
-    def tables(self) -> dict[str, list[str]]:
-        """The bank's tables and their columns as of the newest snapshot (cheap: its manifest only); empty when none."""
+    @property
+    def table(self) -> str | None:
+        """The table the views show first: the one asked for, else :func:`default_table` of the bank's tables
+        (``None`` while the run has no bank snapshot)."""
+        return self.requested_table or default_table(self.table_columns())
+
+    @table.setter
+    def table(self, name: str | None) -> None:
+        self.requested_table = name
+
+    def table_columns(self) -> dict[str, Columns]:
+        """Every table of the newest snapshot, in the order the bank was created with them, with its columns
+        (name to dtype and row shape, in the table spec's order); empty without a snapshot.
+
+        Cheap: the newest snapshot's manifest, read again only when a newer snapshot was committed.
+        """
+        from carls_dask.storage.bankview import table_columns, table_order
         from carls_dask.storage.snapshots import read_manifest
 
-        snaps = self.snapshots()
+        try:
+            snaps = self.snapshots()
+        except StoreError as exc:  # a damaged store: the views say so (see damage()), with no table to show
+            logger.debug("bank store %s: no tables to read: %s", self.bank_path, exc)
+            return {}
         if not snaps:
             return {}
-        try:
-            man = read_manifest(self.bank_path, int(snaps[-1]["version"]))
-        except (StoreError, OSError, ValueError, KeyError):
-            return {}
-        return {
-            str(t): sorted(n.split("/", 1)[1] for n in info.get("arrays", {}) if n.startswith("col/"))
-            for t, info in man.get("tables", {}).items()
-        }
+        version = int(snaps[-1]["version"])
+        with self._tables_lock:
+            if version != self._tables_version:
+                try:
+                    man = read_manifest(self.bank_path, version)
+                except (StoreError, OSError, ValueError, KeyError):
+                    return dict(self._tables)
+                self._tables = {t: table_columns(man, t) for t in table_order(man)}
+                self._tables_version = version
+            return dict(self._tables)
+
+    def tables(self) -> dict[str, list[str]]:
+        """The bank's tables and the names of their columns as of the newest snapshot, in creation order
+        (see :meth:`table_columns`); empty when there is none."""
+        return {t: list(cols) for t, cols in self.table_columns().items()}
+
+    def vector_tables(self) -> dict[str, list[str]]:
+        """The tables that have a float vector column, with those columns (see :func:`vector_columns`)."""
+        return {t: v for t, cols in self.table_columns().items() if (v := vector_columns(cols))}
+
+    def _table(self, table: str | None) -> str | None:
+        return table if table is not None else self.table
 
     def snapshots(self) -> list[dict[str, Any]]:
         """Committed bank snapshots, oldest first (each with ``version`` and ``step``); empty when none."""
@@ -251,23 +300,19 @@ class RunReader:
         except StoreNotFoundError:
             return []
 
-    def _snapshot(self, version: int) -> xr.Dataset:
-        """The table as of a committed snapshot version (cached: snapshots never change)."""
-        if version in self._cache:
-            self._cache.move_to_end(version)
-            return self._cache[version]
-        from carls_dask.storage.snapshots import read_manifest, read_snapshot
+    def _snapshot(self, version: int, table: str | None) -> xr.Dataset:
+        """One table as of a committed snapshot version (cached: snapshots never change)."""
+        name = self._table(table)
+        if name is None:
+            raise StoreNotFoundError(f"bank store {self.bank_path}: no table to read (the run has no bank snapshot yet)")
+        key = (name, int(version))
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        from carls_dask.storage.bankview import open_snapshot
 
-        man = read_manifest(self.bank_path, version)
-        if self.table not in man.get("tables", {}):
-            raise StoreNotFoundError(
-                f"bank store {self.bank_path}: snapshot v{version} has no table {self.table!r}; "
-                f"tables are {sorted(man.get('tables', {}))}"
-            )
-        arrays = read_snapshot(self.bank_path, version, tables=[self.table])[self.table]
-        ds = snapshot_to_dataset(arrays, self.table, list(man.get("makers", [])))
-        ds.attrs.update(version=int(version), step=int(man.get("step", -1)), n_shards=int(man.get("n_shards", 1)))
-        self._cache[version] = ds
+        ds = open_snapshot(self.bank_path, int(version), name, slots=False)
+        self._cache[key] = ds
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return ds
@@ -281,33 +326,28 @@ class RunReader:
                     stamps.extend(_mtime_ns(seg) for seg in sorted(shard.glob("seg-*.log")))
         return tuple(stamps)
 
-    def _latest_read(self) -> xr.Dataset | None:
-        """The table as it is now (newest snapshot plus the delta log), or ``None`` when there is no bank.
+    def _latest_read(self, table: str | None) -> xr.Dataset | None:
+        """One table as it is now (newest snapshot plus the delta log), or ``None`` when there is no bank
+        or no such table. Re-reads only when the manifest or a delta segment changed."""
+        from carls_dask.storage.bankview import open_bank
 
-        Uses :func:`carls_dask.storage.open_bank` when storage provides it, else the newest committed snapshot.
-        Re-reads only when the manifest or a delta segment changed.
-        """
-        stamp = self._bank_stamp()
-        if stamp == self._latest_stamp and self._latest is not None:
-            return self._latest
-        snaps = self.snapshots()
-        from carls_dask import storage
-        open_bank = getattr(storage, "open_bank", None)
-        try:
-            if open_bank is not None and (self.bank_path / "manifest.json").exists():
-                ds = open_bank(self.bank_path, table=self.table).load()
-            elif snaps:
-                ds = self.snapshot(int(snaps[-1]["version"]))
-            else:
-                return None
-        except StoreNotFoundError:
+        name = self._table(table)
+        if name is None:
             return None
-        except (StoreError, OSError, ValueError, KeyError) as exc:
+        stamp = self._bank_stamp()
+        cached = self._latest.get(name)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        if not (self.bank_path / "manifest.json").exists():
+            return None
+        try:
+            ds = open_bank(self.bank_path, table=name).load()
+        except (StoreNotFoundError, KeyError):  # no snapshot yet, or no such table
+            return None
+        except (StoreError, OSError, ValueError) as exc:
             logger.warning("bank store %s not readable yet: %s", self.bank_path, exc)
-            return self._latest
-        if snaps and "n_shards" not in ds.attrs:
-            ds.attrs["n_shards"] = int(snaps[-1].get("n_shards", 1))
-        self._latest, self._latest_stamp = ds, stamp
+            return cached[1] if cached is not None else None
+        self._latest[name] = (stamp, ds)
         return ds
 
     # ------------------------------------------------------------------ headline figures
@@ -315,19 +355,26 @@ class RunReader:
     _HEAD_PROV = ("version", "model_step", "wall_time")
 
     def _head_base(self, version: int) -> None:
-        """Start the headline state from committed snapshot ``version``: its keys and provenance maxima."""
+        """Start the headline state from committed snapshot ``version``: every table's keys and provenance maxima."""
+        from carls_dask.storage.bankview import open_snapshot, table_order
+        from carls_dask.storage.manifest import is_incremental
         from carls_dask.storage.snapshots import read_manifest, read_snapshot
 
         man = read_manifest(self.bank_path, version)
         self._head_seq = {int(s): int(i.get("delta_seq", 0)) for s, i in man.get("shards", {}).items()}
-        if self.table in man.get("tables", {}):
-            names = [f"prov/{n}" for n in self._HEAD_PROV if f"prov/{n}" in man["tables"][self.table].get("arrays", {})]
-            arrays = read_snapshot(self.bank_path, version, tables=[self.table], names=names)[self.table]
-        else:
-            arrays = {"keys": np.zeros(0, np.int64)}
-        self._head_keys = np.unique(np.asarray(arrays["keys"], np.int64))
+        self._head_keys = {}
         self._head_max = {}
-        self._fold_max(arrays)
+        incremental = is_incremental(man)
+        for table in table_order(man):
+            arrays = man["tables"][table].get("arrays", {})
+            names = [f"prov/{n}" for n in self._HEAD_PROV if f"prov/{n}" in arrays]
+            if incremental:  # the rows of an increment are folded onto the versions it builds on
+                ds = open_snapshot(self.bank_path, version, table, slots=False)
+                got = {"keys": ds["key"].values, **{f"prov/{n}": ds[n].values for n in self._HEAD_PROV if n in ds}}
+            else:
+                got = read_snapshot(self.bank_path, version, tables=[table], names=names)[table]
+            self._head_keys[table] = np.unique(np.asarray(got["keys"], np.int64))
+            self._fold_max(got)
         self._head_version = version
 
     def _fold_max(self, arrays: dict[str, np.ndarray]) -> None:
@@ -351,13 +398,14 @@ class RunReader:
             if version != self._head_version:
                 self._head_base(version)
             seq = dict(self._head_seq)
-            for rec in replay(self.bank_path, since_seq=seq, tables=[self.table]):
+            for rec in replay(self.bank_path, since_seq=seq, tables=list(self._head_keys)):
                 self._head_seq[rec.shard] = max(self._head_seq.get(rec.shard, 0), rec.seq)
                 keys = np.asarray(rec.arrays.get("keys", np.zeros(0, np.int64)), np.int64)
+                held = self._head_keys.get(rec.table, np.zeros(0, np.int64))
                 if rec.op == "delete":
-                    self._head_keys = np.setdiff1d(self._head_keys, keys, assume_unique=False)
+                    self._head_keys[rec.table] = np.setdiff1d(held, keys, assume_unique=False)
                 else:
-                    self._head_keys = np.union1d(self._head_keys, keys)
+                    self._head_keys[rec.table] = np.union1d(held, keys)
                     self._fold_max(rec.arrays)
         except StoreNotFoundError:
             return None
@@ -366,9 +414,11 @@ class RunReader:
             self._head_version = -1  # start over from the snapshot next time
             return self._head
         nan = float("nan")
-        head = {"rows": float(self._head_keys.size)}
-        head.update({n: self._head_max.get(n, nan) if self._head_keys.size else nan for n in self._HEAD_PROV})
+        rows = sum(int(k.size) for k in self._head_keys.values())
+        head = {"rows": float(rows)}
+        head.update({n: self._head_max.get(n, nan) if rows else nan for n in self._HEAD_PROV})
         head["snapshots"] = float(len(snaps))
+        head.update({f"rows/{t}": float(k.size) for t, k in self._head_keys.items()})
         self._head, self._head_stamp = head, stamp
         return head
 
@@ -447,27 +497,35 @@ class RunReader:
         with self._metrics_lock:
             return self._metrics_read()
 
-    def snapshot(self, version: int) -> xr.Dataset:
-        """The table as of a committed snapshot version (cached: snapshots never change)."""
+    def snapshot(self, version: int, table: str | None = None) -> xr.Dataset:
+        """``table`` (default :attr:`table`) as of a committed snapshot version, laid out as
+        :func:`carls_dask.storage.open_snapshot` lays it out (cached: snapshots never change).
+
+        Raises
+        ------
+        UnknownTableError
+            If the snapshot has no such table.
+        """
         with self._snap_lock:
-            return self._snapshot(version)
+            return self._snapshot(version, table)
 
-    def latest(self) -> xr.Dataset | None:
-        """The table as it is now (newest snapshot plus the delta log), or ``None`` when there is no bank.
+    def latest(self, table: str | None = None) -> xr.Dataset | None:
+        """``table`` (default :attr:`table`) as it is now (newest snapshot plus the delta log, through
+        :func:`carls_dask.storage.open_bank`), or ``None`` when there is no bank or no such table.
 
-        Uses :func:`carls_dask.storage.open_bank` when storage provides it, else the newest committed snapshot.
         Re-reads only when the manifest or a delta segment changed.
         """
         with self._latest_lock:
-            return self._latest_read()
+            return self._latest_read(table)
 
     def headline(self) -> dict[str, float] | None:
-        """The bank's headline figures now: ``rows``, newest ``version``, ``model_step``, ``wall_time`` and
-        the number of ``snapshots``; ``None`` when there is no committed snapshot yet.
+        """The bank's headline figures now, over every table: ``rows``, newest ``version``, ``model_step``,
+        ``wall_time``, the number of ``snapshots``, and ``rows/TABLE`` for each table; ``None`` when there is
+        no committed snapshot yet.
 
         Cheap enough for every tick, and independent of :meth:`latest` (no lock shared with the plots):
         the newest snapshot's keys and provenance maxima are read once, then only delta-log records
-        newer than those already counted are folded in. ``rows`` counts distinct live keys exactly; the
+        newer than those already counted are folded in. ``rows`` counts distinct live keys of each table exactly; the
         newest version, step and time are the largest written since the snapshot (a delete does not
         lower them).
         """

@@ -14,7 +14,7 @@ from carls_dask.errors import CarlsError
 
 if TYPE_CHECKING:
     from carls_dask.storage.bankstore import BankReplay, RowBatch, prune_snapshots
-    from carls_dask.storage.bankview import open_bank, read_bank
+    from carls_dask.storage.bankview import open_bank, open_snapshot, read_bank
     from carls_dask.storage.deltalog import DeltaLog, DeltaRecord, replay
     from carls_dask.storage.manifest import list_snapshots, read_manifest
     from carls_dask.storage.metrics import MetricWriter, open_metrics
@@ -31,6 +31,7 @@ _WHERE = {
     "RowBatch": "carls_dask.storage.bankstore",
     "prune_snapshots": "carls_dask.storage.bankstore",
     "open_bank": "carls_dask.storage.bankview",
+    "open_snapshot": "carls_dask.storage.bankview",
     "read_bank": "carls_dask.storage.bankview",
     "DeltaLog": "carls_dask.storage.deltalog",
     "DeltaRecord": "carls_dask.storage.deltalog",
@@ -59,6 +60,7 @@ __all__ = [
     "list_snapshots",
     "open_bank",
     "open_metrics",
+    "open_snapshot",
     "prune_snapshots",
     "read_bank",
     "read_manifest",

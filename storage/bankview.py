@@ -10,6 +10,8 @@ provenance ``version``, ``model_step``, ``maker`` (names), ``wall_time`` (unix s
 ``frequency``, ``bucket``, ``shard`` (the saved shard that held the row, or the shard whose delta log wrote
 it last) and the optimizer slots as ``slot_<column>_<slot>``. The merge itself is
 :class:`carls_dask.storage.bankstore.BankReplay`, the same replay a bank shard's restore applies.
+:func:`open_snapshot` lays out one committed snapshot version the same way (without the delta log after
+it): every reader of a bank store (notebooks, the dashboards) gets the same variables and dimensions.
 
 Row order: the lazy view keeps the stored order (shard by shard, by bucket inside a shard); the merged
 view is sorted by key. Select rows by label (``ds.sel(key=...)``) rather than by position.
@@ -44,7 +46,7 @@ from carls_dask.storage.manifest import (
 )
 from carls_dask.storage.snapshots import read_snapshot
 
-__all__ = ["open_bank", "read_bank"]
+__all__ = ["open_bank", "open_snapshot", "read_bank", "table_columns", "table_order"]
 
 logger = logging.getLogger(__name__)
 
@@ -288,6 +290,83 @@ def _records_to(root: pathlib.Path, man: Mapping[str, Any], entry: Mapping[str, 
                                  f"snapshot v{int(entry['version'])} at step {int(entry['step'])}, then the delta log); "
                                  f"expected a step <= {newest}, or none for the newest state")
     return [r for r in records if r.step <= step]
+
+
+def table_order(man: Mapping[str, Any]) -> list[str]:
+    """The tables of a snapshot manifest in the order the bank was created with them.
+
+    The order a paradigm's ``tables()`` or :meth:`KnowledgeBank.create <carls_dask.bank.KnowledgeBank.create>`
+    gave them (``meta.table_order``, kept by :func:`~carls_dask.storage.snapshots.commit_snapshot`), then any
+    other table the snapshot holds, by name.
+    """
+    declared = [str(t) for t in man.get("meta", {}).get("table_order", [])]
+    held = [str(t) for t in man.get("tables", {})]
+    return [t for t in declared if t in held] + sorted(t for t in held if t not in declared)
+
+
+def table_columns(man: Mapping[str, Any], table: str) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]]:
+    """The columns of ``table`` in a snapshot manifest: name to (dtype, shape of one row), in the table spec's order.
+
+    Columns the spec does not list (a manifest written without specs) follow, by name. Empty for a
+    table the snapshot does not hold.
+    """
+    arrays = man.get("tables", {}).get(table, {}).get("arrays", {})
+    held = {name[4:]: (np.dtype(d["dtype"]), tuple(int(n) for n in d["shape"]))
+            for name, d in arrays.items() if name.startswith("col/")}
+    spec: Mapping[str, Any] = man.get("meta", {}).get("tables", {}).get(table) or next(
+        (info.get("meta", {}).get("tables", {}).get(table) for info in man.get("shards", {}).values()
+         if info.get("meta", {}).get("tables", {}).get(table)), {})
+    order = [str(c["name"]) for c in spec.get("columns", []) if c.get("name") in held]
+    return {c: held[c] for c in [*order, *sorted(c for c in held if c not in order)]}
+
+
+def open_snapshot(path: str | os.PathLike[str], version: int, table: str | None = None, *,
+                  slots: bool = True) -> xr.Dataset:
+    """One committed snapshot version of a table as an in-memory :class:`xarray.Dataset`; no cluster needed.
+
+    The same variables, dimensions and attributes as :func:`open_bank` (rows sorted by key), of the
+    rows the snapshot holds: an incremental snapshot is folded onto the versions it builds on, and no
+    delta-log record written after it is applied. Snapshots never change, so a reader may cache the
+    result by version.
+
+    Parameters
+    ----------
+    path : path-like
+        The bank store folder.
+    version : int
+        A committed snapshot version (see :func:`~carls_dask.storage.manifest.list_snapshots`).
+    table : str, optional
+        The table; may be omitted when the bank has one.
+    slots : bool
+        Keep the optimizer slots (``slot_<column>_<slot>``); False leaves them out (a viewer's cache).
+
+    Raises
+    ------
+    StoreNotFoundError, IncompatibleStoreError, CorruptStoreError
+        Missing store or version, another format version, damaged data.
+    UnknownTableError
+        If ``table`` is not in the snapshot (or is needed and missing).
+    """
+    rootp = pathlib.Path(path)
+    man = read_manifest(rootp, int(version))
+    tname = _pick_table(man, table, rootp)
+    batches = BankReplay(rootp, int(version), replay_log=False, tables=[tname])
+    rows = _merge(batches)
+    order = np.argsort(rows["keys"], kind="stable")
+    rows = {k: v[order] for k, v in rows.items() if slots or not k.startswith("slot/")}
+    attrs: dict[str, Any] = {
+        "table": tname,
+        "version": int(man["version"]),
+        "step": int(man["step"]),
+        "snapshot_step": int(man["step"]),
+        "n_shards": int(man["n_shards"]),
+        "buckets": int(man["buckets"]),
+        "spec": json.dumps(man.get("meta", {}).get("tables", {}).get(tname, {})),
+        "meta": json.dumps(man.get("meta", {})),
+        "makers": list(batches.makers),
+        "delta": 0,
+    }
+    return _build(man, tname, rows["keys"], rows, batches.makers, rows["prov/maker"], attrs)
 
 
 def open_bank(path: str | os.PathLike[str], step: int | None = None, table: str | None = None) -> xr.Dataset:

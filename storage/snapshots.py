@@ -480,6 +480,8 @@ def commit_snapshot(handle: SnapshotHandle, meta: Mapping[str, Any] | None = Non
     meta : dict, optional
         JSON-able bank-level facts to keep (name, table specs, config, ...). ``meta["n_shards"]``, if
         given, is the number of shards that must be present; otherwise the shards' own ``n_shards``.
+        The order of ``meta["tables"]`` (the order the bank was created with its tables) is kept as
+        ``meta["table_order"]``, since the manifest's JSON is written with sorted keys.
 
     Returns
     -------
@@ -493,7 +495,9 @@ def commit_snapshot(handle: SnapshotHandle, meta: Mapping[str, Any] | None = Non
     CorruptStoreError
         If the shards disagree (bucket counts, overlapping owned buckets).
     """
-    meta = _jsonable(dict(meta or {}))
+    meta = dict(_jsonable(dict(meta or {})))
+    if isinstance(meta.get("tables"), Mapping) and "table_order" not in meta:
+        meta["table_order"] = [str(t) for t in meta["tables"]]
     vdir = handle.path
     what = f"snapshot v{handle.version} of {handle.root}"
     if not vdir.is_dir():

@@ -105,3 +105,21 @@ def client(local_cluster: object) -> Iterator[object]:
 
     with Client(local_cluster, direct_to_workers=True) as c:  # type: ignore[arg-type]
         yield c
+
+
+#: Steps between the bank snapshots (and checkpoints) of the small runs the tests read.
+SMALL_RUN_SNAPSHOT_EVERY = 10
+
+
+@pytest.fixture(scope="session")
+def recsys_run(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A finished run of the user paradigm :mod:`tests.recsys` (30 steps, snapshots at 10, 20, 30), started as a user
+    starts it: ``carls-dask run tests.recsys:Recsys --inline``, by import path (nothing registers it)."""
+    import dask
+
+    from carls_dask.cli import main
+
+    run = tmp_path_factory.mktemp("recsys") / "run"
+    with dask.config.set({"carls.run.snapshot-every": SMALL_RUN_SNAPSHOT_EVERY}):
+        assert main(["run", "tests.recsys:Recsys", "--inline", "--steps", "30", "--run-dir", str(run)]) == 0
+    return run

@@ -26,10 +26,11 @@ PUBLIC = {
     ],
     "carls_dask.storage": [
         "BankReplay", "CarlsError", "DeltaLog", "DeltaRecord", "MetricWriter", "RowBatch", "SnapshotHandle",
-        "begin_snapshot", "commit_snapshot", "list_snapshots", "open_bank", "open_metrics", "prune_snapshots",
+        "begin_snapshot", "commit_snapshot", "list_snapshots", "open_bank", "open_metrics", "open_snapshot",
+        "prune_snapshots",
         "read_bank", "read_manifest", "read_snapshot", "replay", "write_shard",
     ],
-    "carls_dask.dashboards": ["Dashboard", "RunReader"],
+    "carls_dask.dashboards": ["Dashboard", "RunReader", "inline_resources"],
     "carls_dask.loading": [
         "ArraySpec", "ConsumerDetached", "LoaderClosed", "LoaderConsumer", "LoaderError", "ProducerLost",
         "SharedLoader", "attach", "loader_exists", "shared_memory_available", "shared_memory_free",

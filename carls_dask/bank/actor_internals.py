@@ -15,7 +15,8 @@ handles. Written against ``distributed`` 2026.8.0 (``dask`` 2026.8.0). Besides t
   arguments answers ``{"status": "OK", "result": ...}`` or ``{"status": "error", "exception": ...}``,
   and awaits a coroutine method on the worker's event loop (:func:`execute`);
 * ``Actor._scheduler_rpc.who_has(keys=[...])`` answers ``{key: [addresses]}`` (:func:`scheduler_holds`);
-* ``vars(actor)["_client"]``/``vars(actor)["_worker"]``: what the handle is bound to, and
+* ``vars(actor)["_client"]``/``vars(actor)["_worker"]``: what the handle is bound to (a client's
+  ``status`` is ``"closing"`` or ``"closed"`` once it was closed: :meth:`ShardTable.closed_client`), and
   ``distributed.utils.sync(worker.loop, fn)`` to run on a worker's loop (:func:`run_on_loop`); the
   asyncio loop under that client's or worker's tornado ``IOLoop`` (``IOLoop.asyncio_loop``) to start a
   call there without waiting (:func:`send_call`);
@@ -334,6 +335,17 @@ class ShardTable:
         """Point shard ``s`` at a new actor (re-homed here or by another copy)."""
         self.handles[s] = handle
         self.generations[s] = int(generation)
+
+    def closed_client(self) -> str | None:
+        """The status of the client the shards are reached through when it was closed (``"closed"``,
+        ``"closing"``), else ``None`` (a live client, or handles bound to a worker)."""
+        clients = [self.client] if self.client is not None else []
+        clients += [c for h in self.handles if vars(h).get("_worker") is None and (c := handle_client(h)) is not None]
+        for c in clients:
+            status = str(getattr(c, "status", "running"))
+            if status in ("closing", "closed"):
+                return status
+        return None
 
     def dask_client(self) -> Any:
         """The client to talk to the scheduler with."""

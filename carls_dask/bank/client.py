@@ -1212,7 +1212,11 @@ class KnowledgeBank:
         from carls_dask.storage.snapshots import read_manifest
 
         man = read_manifest(root, version)
-        specs = [TableSpec.from_json(t) for t in man.get("meta", {})["tables"].values()]
+        from carls_dask.storage.bankview import table_order
+
+        declared = man.get("meta", {})["tables"]
+        order = [t for t in table_order(man) if t in declared]  # the order the bank was created with them
+        specs = [TableSpec.from_json(declared[t]) for t in [*order, *(t for t in declared if t not in order)]]
         buckets = int(man["buckets"])
         n = int(n_shards if n_shards is not None else man["n_shards"])
         if n < 1 or n > buckets:

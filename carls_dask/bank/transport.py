@@ -44,7 +44,7 @@ from carls_dask.bank.actor_internals import (
 )
 from carls_dask.bank.calls import Failed, ShardCall, new_op_id, stamp_op_ids
 from carls_dask.bank.rehoming import adopt_or_rehome, forget_table, rehome_stats
-from carls_dask.errors import DeadlineExceeded, ShardLostError
+from carls_dask.errors import DeadlineExceeded, LifecycleError, ShardLostError
 
 __all__ = ["DaskTransport", "Failed", "LocalTransport", "ShardCall", "new_op_id", "stamp_op_ids"]
 
@@ -183,7 +183,19 @@ class DaskTransport:
         Shards living in the caller's process are called directly, after the remote calls have been
         issued. Calls of a lost shard are retried on its re-homed actor; a call that failed otherwise
         answers its :class:`Failed` (the bank's error for it), so the other calls' answers stand.
+
+        Raises
+        ------
+        LifecycleError
+            If the Dask client the shards are reached through was closed (nothing is sent).
         """
+        closed = self.table.closed_client()
+        if closed is not None:
+            raise LifecycleError(
+                f"bank {self.table.name!r}: the Dask client it reaches its shards through is {closed}, so no call "
+                "can reach them; keep the client open while the bank is used (close the bank first, or use a "
+                "Workbench, which does), or restore the bank with a live client: "
+                "KnowledgeBank.restore(client, RUN/bank)")
         local = {s: self.local_shard(s) for s in {c.shard for c in calls}}
         # with no co-located shard, the remote calls are sent together from the event loop when awaited;
         # otherwise they are sent now, so that they run while the co-located shards are called directly

@@ -19,7 +19,8 @@ logger = logging.getLogger(__name__)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``run`` subcommand's arguments to ``p`` (built with ``add_help=False``)."""
-    p.add_argument("paradigm", nargs="?", help="name of the paradigm to run (see --list)")
+    p.add_argument("paradigm", nargs="?",
+                   help="the paradigm to run: a registered name (see --list) or an import path package.module:Class")
     p.add_argument("-h", "--help", action="store_true",
                    help="show this help; after a paradigm name, also every setting of that paradigm")
     p.add_argument("--list", action="store_true", help="list the available paradigms and their variants, and exit")
@@ -95,8 +96,8 @@ def settings_help(paradigm: Any, variant: str | None = None, options: dict[str, 
 
 def run(args: argparse.Namespace) -> int:
     """Handle ``carls-dask run``; returns the exit status."""
-    from carls_dask.runtime.registry import available_paradigms, get_paradigm
-    from carls_dask.runtime.runner import resume_run, run_inline, run_paradigm
+    from carls_dask.runtime.registry import available_paradigms, get_paradigm, is_import_path
+    from carls_dask.runtime.runner import recorded_paradigm, resume_run, run_inline, run_paradigm
 
     out = sys.stdout
     if args.help:
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("run --resume RUN_DIR: takes its paradigm, variant and settings from RUN_DIR/request.json; "
                               "give no paradigm name, --variant or -o with it")
         result = resume_run(args.resume, steps=args.steps, inline=True if args.inline else None)
-        p = get_paradigm(result.paradigm)
+        p = recorded_paradigm(args.resume)
         out.write(f"{result.headline(p.headline)}; resumed from step {result.resumed_from}; run folder {args.resume}\n")
         _write_notes(out, result, p.headline)
         return 0
@@ -127,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"run: expected a paradigm name; available: {', '.join(available_paradigms()) or 'none'}")
     paradigm = get_paradigm(args.paradigm)
     settings = paradigm.settings(args.variant, _given(args))
-    run_dir = args.run_dir or pathlib.Path("runs") / f"{args.paradigm}-{time.strftime('%Y%m%d-%H%M%S')}"
+    label = (paradigm.name or type(paradigm).__name__) if is_import_path(args.paradigm) else args.paradigm
+    run_dir = args.run_dir or pathlib.Path("runs") / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
     logger.info("running %s (%s) into %s", args.paradigm, paradigm.variant_name(args.variant), run_dir)
     if args.inline:
         result = run_inline(paradigm, settings, variant=args.variant, run_dir=run_dir, progress=True)

@@ -2,8 +2,8 @@
 
 Both drivers write the same run folder (its names: :mod:`carls_dask.storage.runfolder`)::
 
-    RUN/request.json        what was asked: paradigm, variant, settings, driver, the run's id, its primary
-                            trainer (read by --resume)
+    RUN/request.json        what was asked: paradigm (its name and import path), variant, settings, driver,
+                            the run's id, its primary trainer (read by --resume)
     RUN/bank/               bank snapshots every carls.run.snapshot-every steps and at the end, and the delta log
     RUN/checkpoints/NAME/   each trainer's saved state at the same steps
     RUN/metrics.zarr        every loop's figures every carls.run.metrics-every steps and at every evaluation
@@ -83,7 +83,9 @@ from carls_dask.runtime.settings import settings_from_json, settings_to_json, st
 from carls_dask.runtime.trainer import Trainer
 from carls_dask.storage.runfolder import METRICS, REQUEST, RESULT, RunFolder
 
-__all__ = ["RESULT_SCHEMA", "RunInterrupted", "RunResult", "resume_run", "run_inline", "run_paradigm"]
+__all__ = [
+    "RESULT_SCHEMA", "RunInterrupted", "RunResult", "recorded_paradigm", "resume_run", "run_inline", "run_paradigm",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +131,7 @@ class RunResult:
     Attributes
     ----------
     paradigm, variant, seed
-        What ran.
+        What ran (for a run on a plain Workbench: no paradigm, variant or seed).
     driver
         ``"workbench"`` or ``"inline"``.
     settings
@@ -161,7 +163,7 @@ class RunResult:
 
     paradigm: str
     variant: str
-    seed: int
+    seed: int | None
     driver: str
     settings: dict[str, Any]
     figures: dict[str, Any]
@@ -316,8 +318,10 @@ def _plan(paradigm: Paradigm | str, settings: Any, variant: str | None, run_dir:
     if folder is not None:
         run = RunFolder(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        request = {"paradigm": p.name, "variant": name, "driver": driver, "settings": settings_to_json(settings),
-                   "run_id": run_id, "primary": trainers[0].name}
+        from carls_dask.runtime.registry import paradigm_path
+
+        request = {"paradigm": p.name, "paradigm_path": paradigm_path(p), "variant": name, "driver": driver,
+                   "settings": settings_to_json(settings), "run_id": run_id, "primary": trainers[0].name}
         _write_json(run.request, request)
         if resume is None:
             p.write_artifacts(settings, folder)
@@ -391,19 +395,56 @@ def _earlier_segments(previous: Mapping[str, Any] | None) -> list[dict[str, Any]
                        if isinstance(lp, dict)}}]
 
 
+def _snapshots_of(bank_root: str | None) -> list[dict[str, int]]:
+    """The snapshots a bank store keeps (version and step); empty without one."""
+    if bank_root is None or not _has_snapshot(bank_root):
+        return []
+    from carls_dask.storage import list_snapshots
+
+    return [{"version": int(s["version"]), "step": int(s["step"])} for s in list_snapshots(bank_root)]
+
+
+def _loop_records(results: Mapping[str, LoopResult], restarts: Mapping[str, int]) -> dict[str, Any]:
+    """What ``result.json`` says of each loop."""
+    records: dict[str, Any] = strict_json({
+        n: {"kind": r.kind, "steps": r.steps, "step": r.step if r.kind == "trainer" else None, "seconds": r.elapsed,
+            "reason": r.reason, "restarts": int(restarts.get(n, 0)), "metrics": dict(r.metrics)}
+        for n, r in results.items()})
+    return records
+
+
+def workbench_result(run_dir: str | os.PathLike[str], results: Mapping[str, LoopResult], restarts: Mapping[str, int],
+                     *, primary: str, started: float, run_id: str, bank_root: str | None) -> RunResult:
+    """The ``result.json`` of a run made on a plain :class:`~carls_dask.runtime.workbench.Workbench` (no paradigm),
+    written into ``run_dir``: the loops' results, the primary trainer's figures (its ``finish()`` value when
+    it is a mapping, as :meth:`Paradigm.summarize` takes them) and the snapshots ``bank_root`` keeps."""
+    figures = dict(Paradigm().summarize(None, results))
+    ended = time.time()
+    loops = _loop_records(results, restarts)
+    first = results.get(primary)
+    segment = {"driver": "workbench", "from_step": first.resumed_at if first is not None else None,
+               "to_step": first.step if first is not None else None, "started": started, "ended": ended,
+               "wall_seconds": ended - started, "figures": strict_json(figures),
+               "loops": {n: {k: v for k, v in lp.items() if k != "metrics"} for n, lp in loops.items()}}
+    result = RunResult(
+        paradigm="", variant="", seed=None, driver="workbench", settings={}, figures=figures, loops=loops,
+        snapshots=_snapshots_of(bank_root), resumed_from=first.resumed_at if first is not None else None,
+        versions=versions(), started=started, ended=ended, wall_seconds=ended - started, run_id=run_id,
+        segments=[segment], run_dir=str(run_dir), results=dict(results),
+    )
+    _write_json(RunFolder(run_dir).result, result.to_json())
+    return result
+
+
 def _finish(plan: _Plan, driver: str, results: Mapping[str, LoopResult], restarts: Mapping[str, int]) -> RunResult:
     p = plan.paradigm
     figures = dict(p.summarize(plan.settings, results))
     snaps: list[dict[str, int]] = []
-    if plan.bank_root is not None and plan.checkpointer is not None and plan.checkpointer.bank_root is not None:
-        from carls_dask.storage import list_snapshots
-
-        snaps = [{"version": int(s["version"]), "step": int(s["step"])} for s in list_snapshots(plan.bank_root)]
+    if plan.checkpointer is not None and plan.checkpointer.bank_root is not None:
+        snaps = _snapshots_of(plan.bank_root)
     primary = results[plan.trainers[0].name]
     ended = time.time()
-    loops = strict_json({n: {"kind": r.kind, "steps": r.steps, "step": r.step if r.kind == "trainer" else None,
-                             "seconds": r.elapsed, "reason": r.reason, "restarts": int(restarts.get(n, 0)),
-                             "metrics": dict(r.metrics)} for n, r in results.items()})
+    loops = _loop_records(results, restarts)
     segment = {"driver": driver, "from_step": primary.resumed_at, "to_step": primary.step, "started": plan.started,
                "ended": ended, "wall_seconds": ended - plan.started, "figures": strict_json(figures),
                "loops": {n: {k: v for k, v in lp.items() if k != "metrics"} for n, lp in loops.items()}}
@@ -753,7 +794,7 @@ def _check_resume(folder: pathlib.Path, steps: int | None) -> tuple[dict[str, An
     if not isinstance(request.get("paradigm"), str) or not isinstance(request.get("settings"), dict):
         raise ConfigError(f"{where}: {REQUEST} lacks the paradigm or its settings; expected the file "
                           "carls-dask run wrote")
-    p = _paradigm(request["paradigm"])
+    p = _recorded(request, where)
     saved = dict(request["settings"])
     primary = _primary_of(run, request, previous)
     if primary is None:
@@ -814,6 +855,48 @@ def _snapshot_kept_store(root: pathlib.Path) -> bool:
     except CarlsError:
         return False
     return bool(snapshot_kept(man.get("meta", {}).get("tables", {}).values()))
+
+
+def _recorded(request: Mapping[str, Any], where: str) -> Paradigm:
+    """The paradigm a ``request.json`` names: the class at its import path, else the one registered by its name."""
+    from carls_dask.runtime.registry import get_paradigm, is_import_path, load_paradigm
+
+    path = request.get("paradigm_path")
+    name = str(request.get("paradigm"))
+    if isinstance(path, str) and is_import_path(path):
+        try:
+            return load_paradigm(path)
+        except ConfigError as exc:
+            try:
+                found = get_paradigm(name)
+            except ConfigError:
+                raise ConfigError(f"{where}: {exc}, and no paradigm is registered as {name!r}") from exc
+            logger.warning("%s: %s; running the paradigm registered as %r instead", where, exc, name)
+            return found
+    try:
+        return get_paradigm(name)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc} ({REQUEST} records no import path of the paradigm: register it, or "
+                          "start the run again with carls-dask run package.module:Class)") from exc
+
+
+def recorded_paradigm(run_dir: str | os.PathLike[str]) -> Paradigm:
+    """The paradigm the run in ``run_dir`` ran, as ``--resume`` finds it from its ``request.json``.
+
+    Raises
+    ------
+    ConfigError
+        If the folder holds no ``request.json`` naming a paradigm that can be found.
+    """
+    folder = pathlib.Path(run_dir)
+    where = f"run {folder}"
+    try:
+        request = RunFolder(folder).read_json(REQUEST)
+    except StoreError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    if request is None or not isinstance(request.get("paradigm"), str):
+        raise ConfigError(f"{where}: no {REQUEST} naming a paradigm; expected a run folder written by carls-dask run")
+    return _recorded(request, where)
 
 
 def resume_run(run_dir: str | os.PathLike[str], *, steps: int | None = None, inline: bool | None = None,

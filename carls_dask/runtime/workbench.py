@@ -9,6 +9,14 @@ Typical use::
         wb.wait(timeout=600)              # until the trainers end; raises if any loop failed
         results = wb.stop(timeout=30)     # stop the makers, collect every loop's LoopResult
 
+With a ``run_dir`` the Workbench writes the run folder a paradigm run writes (``docs/runs.md`` compares
+the two): ``RUN/metrics.zarr``, ``RUN/run.json``, and, with no ``checkpointer`` given, a checkpointer of
+its own (``carls.run.snapshot-every``, ``carls.storage.keep-snapshots``): a bank made by
+:meth:`Workbench.create_bank` logs to ``RUN/bank``, the primary trainer snapshots it and every trainer
+saves its state to ``RUN/checkpoints/`` every ``carls.run.snapshot-every`` steps; :meth:`Workbench.stop`
+(or the end of the ``with`` block) snapshots the bank at the primary trainer's last step and writes
+``RUN/result.json`` (the loops' results, the primary trainer's ``finish()`` figures, the snapshots).
+
 Lifecycle: ``created -> running`` (:meth:`start`, or entering the ``with`` block) ``-> stopping``
 (:meth:`stop`) ``-> closed`` (:meth:`close`, or leaving the block). A loop that raises fails its
 future with the original traceback; the Workbench then moves to ``failed``, stops every other
@@ -122,7 +130,8 @@ class Workbench:
         string; a running cluster object; or a :class:`distributed.Client`. Objects passed in are
         not closed by the Workbench; clusters it starts are.
     run_dir
-        Folder of the run: ``RUN/metrics.zarr`` (progress metrics) and ``RUN/run.json`` (what ran).
+        Folder of the run: ``RUN/metrics.zarr`` (progress metrics), ``RUN/run.json`` (what ran), and without
+        a ``checkpointer`` the bank store, trainer states and ``RUN/result.json`` (see the module notes).
         ``None`` writes nothing.
     name
         Name of the run (default: the run folder's name, else ``"run"``).
@@ -142,8 +151,9 @@ class Workbench:
         A :class:`~carls_dask.runtime.checkpoints.Checkpointer`: trainers then save their state (and
         the primary trainer snapshots the bank) every ``checkpointer.every`` steps, start from their
         newest saved state, and a trainer whose worker died is run again on a live worker from it
-        (up to ``carls.runtime.trainer-restarts`` times). ``None``: no checkpoints, and a trainer
-        whose worker died fails the run.
+        (up to ``carls.runtime.trainer-restarts`` times). ``None``: with a ``run_dir``, the Workbench's
+        own (see the module notes; its bank snapshots go to ``RUN/bank`` once :meth:`create_bank` made the
+        bank log there); without one, no checkpoints, and a trainer whose worker died fails the run.
     run_id
         The run's identity stored with its metrics (default: ``name``); a metric store of another run
         is refused. :func:`~carls_dask.runtime.runner.run_paradigm` passes the ``run_id`` of
@@ -187,7 +197,16 @@ class Workbench:
         self.maker_restarts = int(config.get("runtime.maker-restarts"))
         self.trainer_restarts = int(config.get("runtime.trainer-restarts"))
         self.metrics_every = int(config.get("run.metrics-every"))
+        #: Whether the Workbench keeps the run folder itself (a run_dir and no checkpointer given): it then
+        #: snapshots the bank at the end and writes ``RUN/result.json``.
+        self.owns_run = self.run_dir is not None and checkpointer is None
+        if self.owns_run:
+            from carls_dask.runtime.checkpoints import Checkpointer
+
+            checkpointer = Checkpointer(str(self.run_dir), int(config.get("run.snapshot-every")),
+                                        int(config.get("storage.keep-snapshots")))
         self.checkpointer = checkpointer
+        self._wrapped = False
         self.book = ProgressBook()
         self._sink: ProgressSink | None = None
         self._monitor: threading.Thread | None = None
@@ -281,6 +300,8 @@ class Workbench:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if exc_type is not None:
+            self._wrapped = True  # a block that raised leaves no final snapshot or result.json
         try:
             self.close()
         except CarlsError:
@@ -323,7 +344,8 @@ class Workbench:
             ``carls.placement.shard`` (or ``carls.placement.names.bank``) may hold shards.
         log_root
             Bank store folder: every mutating batch is appended to its delta log before the call
-            returns (see :meth:`KnowledgeBank.create`).
+            returns (see :meth:`KnowledgeBank.create`). Default: ``RUN/bank`` when the Workbench keeps
+            its run folder itself (see :attr:`owns_run`), which the checkpoints then snapshot; else none.
 
         Raises
         ------
@@ -341,6 +363,10 @@ class Workbench:
             raise ConfigError(f"Workbench {self.name!r}: placement {placement!r}; expected 'spread' or 'colocate'")
         self._placement = placement
         workers = self._shard_workers(placement)
+        if log_root is None and self.owns_run and self.checkpointer is not None:
+            assert self.run_dir is not None
+            log_root = str(RunFolder(self.run_dir).bank)
+            self.checkpointer = dataclasses.replace(self.checkpointer, bank_root=log_root)
         self.bank = KnowledgeBank.create(self.client, tables, n_shards=n_shards, buckets=buckets, workers=workers,
                                          name=name or f"{self.prefix}-bank", log_root=log_root)
         self._relay_rehomings()
@@ -708,7 +734,26 @@ class Workbench:
         """
         self._life.require(State.RUNNING, State.STOPPING, State.FAILED, action="stop")
         seconds = config.get_seconds("runtime.stop-timeout", timeout)
-        return self._finish(seconds, raise_failure=True)
+        results = self._finish(seconds, raise_failure=True)
+        self._wrap_up(results)
+        return results
+
+    def _wrap_up(self, results: dict[str, LoopResult]) -> None:
+        """For a run folder the Workbench keeps itself: snapshot the bank at the primary trainer's last step
+        and write ``RUN/result.json`` (once, after the loops ended without failure)."""
+        if not self.owns_run or self._wrapped or self._failure is not None or self.run_dir is None:
+            return
+        self._wrapped = True
+        from carls_dask.runtime.runner import workbench_result
+
+        primary = self.book.primary or next((n for n, h in self._loops.items() if h.kind == "trainer"), "")
+        trainers = [r for r in results.values() if r.kind == "trainer"]
+        step = results[primary].step if primary in results else max((r.step for r in trainers), default=0)
+        bank_root = self.checkpointer.bank_root if self.checkpointer is not None else None
+        if self.bank is not None and bank_root is not None:
+            self.checkpointer.snapshot_bank(self.bank, step)
+        workbench_result(self.run_dir, results, {n: h.restarts for n, h in self._loops.items()}, primary=primary,
+                         started=self._started_at, run_id=self.run_id, bank_root=bank_root)
 
     def _finish(self, seconds: float, *, raise_failure: bool) -> dict[str, LoopResult]:
         from distributed import wait as dask_wait
@@ -786,7 +831,9 @@ class Workbench:
             return
         try:
             if self.state in (State.RUNNING, State.STOPPING, State.FAILED) and self.client is not None:
-                self._finish(config.get_seconds("runtime.stop-timeout", timeout), raise_failure=True)
+                results = self._finish(config.get_seconds("runtime.stop-timeout", timeout), raise_failure=True)
+                if self._loops:
+                    self._wrap_up(results)
         finally:
             try:
                 self._write_run_record()

@@ -17,9 +17,12 @@ from panel.io.state import set_curdoc
 from carls_dask.dashboards.figures import LiveFigure
 from carls_dask.dashboards.runreader import RunReader
 
-__all__ = ["RunView", "in_background", "on_page", "series", "served"]
+__all__ = ["LOADING_RUN", "RunView", "in_background", "on_page", "series", "served"]
 
 logger = logging.getLogger(__name__)
+
+#: What a view says until it has read the run once.
+LOADING_RUN = "Loading the run..."
 
 
 def series(name: str, arr: xr.DataArray) -> tuple[str, np.ndarray, np.ndarray]:
@@ -108,7 +111,8 @@ class RunView(pn.viewable.Viewer):
 
     def __init__(self, **params: object) -> None:
         super().__init__(**params)
-        self._alert = pn.pane.Alert("", alert_type="info", visible=False, sizing_mode="stretch_width")
+        self._alert = pn.pane.Alert(LOADING_RUN, alert_type="info", visible=True, sizing_mode="stretch_width")
+        self.message = LOADING_RUN
         self._error = pn.pane.Alert("", alert_type="danger", visible=False, sizing_mode="stretch_width")
         self._built = False
         self._showing_problem = False
@@ -166,6 +170,17 @@ class RunView(pn.viewable.Viewer):
         return sum(f.flush() for f in self.figures())
 
     def _read(self) -> bool:
+        new = False
+        try:
+            new = self._read_once()
+        finally:
+            # read once: an empty figure says why it is empty, no longer "loading" (a figure update to flush)
+            settled = [fig.settle() for fig in self.figures()]
+            if self.message == LOADING_RUN:
+                self._set_message("")
+        return new or any(settled)
+
+    def _read_once(self) -> bool:
         if self.reader is None:
             self._set_message("No run selected.")
             return False

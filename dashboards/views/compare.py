@@ -139,6 +139,9 @@ class CompareView(pn.viewable.Viewer):
                 with self._lock:
                     self._pending["error"] = f"Could not update the comparison: {type(exc).__name__}: {exc}"
                 return True
+            finally:
+                for chart in self.charts:
+                    chart.settle()  # read once: a figure of no metric (hidden) no longer says "loading"
 
     def _read(self) -> bool:
         datasets = [r.metrics() if r.problem() is None else None for r in self.readers]

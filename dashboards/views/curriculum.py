@@ -49,9 +49,18 @@ class CurriculumView(RunView):
         rows = stable_sample(keys_of(ds), self.sample)
         return ds[["difficulty"]].isel(key=rows).load()
 
+    def _difficulty_table(self) -> str | None:
+        """The table with a ``difficulty`` column: the reader's table when it has one, else the first; ``None``
+        while no table has one."""
+        assert self.reader is not None
+        have = [t for t, cols in self.reader.tables().items() if "difficulty" in cols]
+        reader_table = self.reader.table if have else None
+        return reader_table if reader_table in have else next(iter(have), None)
+
     def _inputs(self) -> tuple[object, ...]:
         assert self.reader is not None
-        return (self.reader.latest(), self.reader.metrics(), self.reader.truth())
+        table = self._difficulty_table()
+        return (self.reader.latest(table) if table is not None else None, self.reader.metrics(), self.reader.truth())
 
     def _update(self) -> None:
         assert self.reader is not None
@@ -71,11 +80,16 @@ class CurriculumView(RunView):
             )
         else:
             notes.append(f"no curriculum series ({mn.PACING}, {mn.ADMITTED_FRACTION}) in the metric store")
-        snaps = self.reader.snapshots()[-self.max_snapshots :]
+        table = self._difficulty_table()
+        snaps = self.reader.snapshots()[-self.max_snapshots :] if table is not None else []
         for s in snaps:
             v = int(s["version"])
             if v not in self._samples:
-                self._samples[v] = (int(s["step"]), self._difficulty_sample(self.reader.snapshot(v)))
+                try:
+                    ds = self.reader.snapshot(v, table)
+                except KeyError:  # a snapshot without the table
+                    ds = None
+                self._samples[v] = (int(s["step"]), self._difficulty_sample(ds) if ds is not None else None)
         kept = {int(s["version"]) for s in snaps}
         for v in [v for v in self._samples if v not in kept]:
             del self._samples[v]
@@ -85,7 +99,7 @@ class CurriculumView(RunView):
             dens = hist["density"]
             xdim, ydim = dens.dims
             self._difficulty.set(dens[xdim].values, dens[ydim].values, dens.values)
-        latest = self.reader.latest()
+        latest = self.reader.latest(table) if table is not None else None
         if latest is None or not has_column(latest, "difficulty"):
             notes.append("no difficulty column in the bank")
         else:

@@ -18,7 +18,7 @@ from carls_dask.dashboards.drift import (
     predictions,
 )
 from carls_dask.dashboards.figures import LiveCurves, LiveMap
-from carls_dask.dashboards.runreader import RunReader
+from carls_dask.dashboards.runreader import default_column
 from carls_dask.dashboards.views.base import RunView, in_background, series
 
 __all__ = ["DriftView"]
@@ -33,19 +33,27 @@ _HOVER = (
 class DriftView(RunView):
     """How the bank's embeddings move between snapshots.
 
-    Shows, per snapshot step, the mean and percentiles of the per-row change (L2 and cosine distance)
-    overall and per shard, the churn of the ``k`` nearest neighbours, and a 2-D projection of a sample
-    of rows, aligned snapshot to snapshot, with a slider over snapshots. The map is coloured by what
+    Shows, for one float vector column of one table (selectors offer every table that has one, and
+    its vector columns), per snapshot step, the mean and percentiles of the per-row change (L2 and
+    cosine distance) overall and per shard, the churn of the ``k`` nearest neighbours, and a 2-D
+    projection of a sample of rows, aligned snapshot to snapshot, with a slider over snapshots. The
+    table shown first is the one asked for (``table=``, ``--table``), else the reader's table when it
+    has a vector column, else the first table (in the order the bank was created with them) that has
+    one; the column shown first is ``embedding`` when the table has one, else its first vector column. The map is coloured by what
     the run has of true class (its truth file), pseudo label, model prediction (a ``prediction``
     column or the arg-max of ``logits``) and difficulty, from the embedding's table or any other
     table of the bank (matched by key); hovering one of a bounded sample of its points shows the
     row's key, classes and provenance (maker, model step, age).
     """
 
-    column = param.String(default="embedding", doc="Vector column of the table whose drift is shown.")
+    column = param.String(
+        default=None, allow_None=True,
+        doc="Float vector column whose drift is shown; None: 'embedding' when the table has one, else its first.",
+    )
     table = param.String(
         default=None, allow_None=True,
-        doc="Bank table whose embeddings are shown; None: the reader's table, or the first table with the column.",
+        doc="Bank table whose vectors are shown; None: the reader's table when it has a float vector column, "
+            "else the first table that has one.",
     )
     k = param.Integer(default=10, bounds=(1, 100), doc="Neighbours compared by the churn measure.")
     queries = param.Integer(default=500, bounds=(10, 10_000), doc="Rows whose neighbourhoods the churn measure compares.")
@@ -80,8 +88,12 @@ class DriftView(RunView):
         self._map = LiveMap("projection", "waiting for a snapshot", name="drift-map", hover=_HOVER)
         self.colour_select = pn.widgets.Select(label="colour by", options=[self.colour_by], value=self.colour_by, width=200)
         self.colour_select.param.watch(self._on_colour, "value")
-        self._tables: dict[str, RunReader] = {}  # readers of the bank's other tables
-        self._found: str | None = None  # the table found to hold the embeddings
+        self.table_select = pn.widgets.Select(label="table", options=[], width=200, disabled=True)
+        self.column_select = pn.widgets.Select(label="vector column", options=[], width=200, disabled=True)
+        self.table_select.param.watch(self._on_table, "value")
+        self.column_select.param.watch(self._on_column, "value")
+        #: The table and column shown (chosen when the run has them).
+        self.shown: tuple[str, str] | None = None
         #: What colours the map drawn last, and the names of its colour categories.
         self.map_colour: str | None = None
         self.map_categories: list[str] = []
@@ -90,11 +102,14 @@ class DriftView(RunView):
 
     def _update(self) -> None:
         assert self.reader is not None
-        source = self._source()
-        if source is None:
-            self._set_message(f"No bank table has a column {self.column!r} (yet); nothing to show.")
+        shown = self._choose()
+        if shown is None:
+            why = ("No bank snapshot yet" if not self.reader.tables()
+                   else "No bank table has a float vector column")
+            self._set_absent(f"{why}: drift appears once the run commits snapshots of a table with one.", "drift")
             return
-        snaps = source.snapshots()
+        table, col = shown
+        snaps = self.reader.snapshots()
         if not snaps:
             self._set_absent("No bank snapshot yet: drift appears once the run commits snapshots of its bank.", "drift")
             return
@@ -109,56 +124,102 @@ class DriftView(RunView):
         for cache in (self._stats, self._churn, self._proj):
             for v in [v for v in cache if v not in kept]:
                 del cache[v]
-        if not has_column(source.snapshot(versions[-1]), self.column):
-            self._set_message(f"Table {source.table!r} has no column {self.column!r}; nothing to show.")
+        if not has_column(self.reader.snapshot(versions[-1], table), col):
+            self._set_message(f"Table {table!r} has no column {col!r} in its newest snapshot; nothing to show.")
             return
-        msg = "" if len(versions) >= 2 else "One snapshot so far: drift needs two; the map shows the first."
+        drawn = [v for v in versions if v in self._proj]
+        msg = ("" if len(drawn) >= 2 else "One snapshot so far: drift needs two; the map shows the first." if drawn
+               else f"No snapshot of table {table!r} holds rows yet: drift appears once two do.")
         self._set_message(msg)
+        new = [v for v in new if v in self._proj]
         if new:
             self._redraw_curves()
             self._set_colourings()
             self._set_slider()
 
     def _add_snapshot(self, version: int, versions: list[int]) -> None:
-        source = self._source()
-        assert source is not None
-        cur = source.snapshot(version)
-        if not has_column(cur, self.column):
+        assert self.reader is not None and self.shown is not None
+        table, col = self.shown
+        try:
+            cur = self.reader.snapshot(version, table)
+        except KeyError:  # a snapshot from before the table was written
             return
+        if not has_column(cur, col) or cur.sizes.get("key", 0) < 2:
+            return  # nothing to project yet (the table's rows come in a later snapshot)
         idx = versions.index(version)
         prev_v = versions[idx - 1] if idx > 0 else None
         prev_proj = self._proj.get(prev_v) if prev_v is not None else None
-        proj = aligned_projection(cur, previous=prev_proj, sample=self.sample, column_name=self.column, label=None)
+        proj = aligned_projection(cur, previous=prev_proj, sample=self.sample, column_name=col, label=None)
         self._proj[version] = self._with_colours(proj, cur, version)
-        if prev_v is not None:
-            prev = source.snapshot(prev_v)
-            if has_column(prev, self.column):
-                self._stats[version] = drift_stats(prev, cur, self.column)
-                self._churn[version] = neighbour_churn(prev, cur, k=self.k, queries=self.queries, column_name=self.column)
+        if prev_v is not None and prev_v in self._proj:
+            prev = self.reader.snapshot(prev_v, table)
+            if has_column(prev, col):
+                self._stats[version] = drift_stats(prev, cur, col)
+                self._churn[version] = neighbour_churn(prev, cur, k=self.k, queries=self.queries, column_name=col)
 
-    def _source(self) -> RunReader | None:
-        """The reader of the table whose embeddings are shown, or ``None`` while no table has the column.
+    def _choose(self) -> tuple[str, str] | None:
+        """The table and column to show (see the class notes); offers the others in the selectors.
 
-        :attr:`table` when set; else the reader's own table when it has the column, else the first
-        table that has it (a run may keep its embeddings in tables of other names, e.g. ``images``).
+        Changing the table or column shown forgets what was computed for the previous one.
         """
-        if self.reader is None:
-            return None
-        name = self.table or self._found
-        if name is None:
-            tables = self.reader.tables()
-            have = [t for t, cols in tables.items() if self.column in cols]
-            if not have:
-                return None
-            name = self._found = self.reader.table if self.reader.table in have else have[0]
-        return self.reader if name == self.reader.table else self._other(name)
-
-    def _other(self, table: str) -> RunReader:
         assert self.reader is not None
-        r = self._tables.get(table)
-        if r is None or r.path != self.reader.path:
-            r = self._tables[table] = RunReader(self.reader.path, table=table)
-        return r
+        vectors = self.reader.vector_tables()
+        if not vectors:
+            return None
+        table = self.table if self.table in vectors else None
+        if table is None:
+            reader_table = self.reader.table
+            table = reader_table if reader_table in vectors else next(iter(vectors))
+        columns = self.reader.table_columns()[table]
+        col = self.column if self.column in vectors[table] else default_column(columns)
+        assert col is not None
+        if self.shown != (table, col):
+            self._forget()
+            self.shown = (table, col)
+        self._offer(list(vectors), table, vectors[table], col)
+        return self.shown
+
+    def _forget(self) -> None:
+        """Drop what was computed for the table and column shown before."""
+        for cache in (self._stats, self._churn, self._proj):
+            cache.clear()
+        self._versions = []
+        self._last_inputs = None
+        if self.shown is not None:  # the figures showed another table's vectors
+            for fig in self.figures():
+                fig.set_note(fig.empty_note)
+
+    def _offer(self, tables: list[str], table: str, columns: list[str], col: str) -> None:
+        self._quiet = True
+        try:
+            if list(self.table_select.options) != tables:
+                self.table_select.options = tables
+            if self.table_select.value != table:
+                self.table_select.value = table
+            self.table_select.disabled = len(tables) < 2
+            if list(self.column_select.options) != columns:
+                self.column_select.options = columns
+            if self.column_select.value != col:
+                self.column_select.value = col
+            self.column_select.disabled = len(columns) < 2
+        finally:
+            self._quiet = False
+
+    def _on_table(self, event: param.parameterized.Event) -> None:
+        if not self._quiet and event.new and event.new != self.table:
+            self.table, self.column = str(event.new), None
+            in_background(self._reread, self.flush)
+
+    def _on_column(self, event: param.parameterized.Event) -> None:
+        if not self._quiet and event.new and event.new != self.column:
+            self.column = str(event.new)
+            in_background(self._reread, self.flush)
+
+    def _reread(self) -> None:
+        """Read the run again for a newly chosen table or column, and draw its map."""
+        self._last_inputs = None
+        self.read()
+        self.finish()
 
     def _with_colours(self, proj: xr.Dataset, cur: xr.Dataset, version: int) -> xr.Dataset:
         """``proj`` with what can colour it: truth, pseudo label, prediction and difficulty, where the run has them.
@@ -177,7 +238,10 @@ class DriftView(RunView):
             if found is None:
                 for t, cols in tables.items():
                     if t != cur.attrs.get("table") and wanted & set(cols):
-                        found = self._values(self._other(t).snapshot(version), var)
+                        try:
+                            found = self._values(self.reader.snapshot(version, t), var)
+                        except KeyError:  # that table was not in this snapshot
+                            continue
                         if found is not None:
                             break
             if found is not None:
@@ -236,13 +300,19 @@ class DriftView(RunView):
         if d is not None:
             overall = d.sel(shard=-1)
             stats = ("mean", "p50", "p90", "p99")
-            self._l2.set([series(q, overall[f"l2_{q}"]) for q in stats])
-            self._cos.set([series(q, overall[f"cos_{q}"]) for q in stats])
+            self._l2.set([series(q, overall[f"l2_{q}"]) for q in stats], title=f"L2 change between snapshots{self._of()}")
+            self._cos.set([series(q, overall[f"cos_{q}"]) for q in stats],
+                          title=f"cosine distance between snapshots{self._of()}")
             shards = [int(s) for s in d["shard"].values if s >= 0]
-            self._shards.set([series(f"shard {s}", d["l2_mean"].sel(shard=s)) for s in shards])
+            self._shards.set([series(f"shard {s}", d["l2_mean"].sel(shard=s)) for s in shards],
+                             title=f"mean L2 change per shard{self._of()}")
         c = self.churn()
         if c is not None:
-            self._churn_plot.set([series(f"top-{self.k}", c)])
+            self._churn_plot.set([series(f"top-{self.k}", c)], title=f"neighbour churn{self._of()}")
+
+    def _of(self) -> str:
+        """`` (TABLE.COLUMN)`` of the vectors shown, for the figures' titles."""
+        return f" ({self.shown[0]}.{self.shown[1]})" if self.shown is not None else ""
 
     def _set_slider(self) -> None:
         steps = [self._steps[v] for v in self._versions if v in self._proj]
@@ -303,7 +373,9 @@ class DriftView(RunView):
         by = COLOURINGS[label]
         colours = plots.map_colours(proj, by)
         codes, names, hexes = colours
-        title = f"step {step}: colour {label} ({len(names)} values)" if names else f"step {step}: nothing in the run to colour by"
+        where = f"{self.shown[0]}.{self.shown[1]} " if self.shown is not None else ""
+        title = (f"{where}step {step}: colour {label} ({len(names)} values)" if names
+                 else f"{where}step {step}: nothing in the run to colour by")
         raster = plots.render_projection(proj, title, by=by, colours=colours)
         if raster is None:
             self._map.set_note("no rows to project", title=f"step {step}")
@@ -340,15 +412,15 @@ class DriftView(RunView):
         return pts
 
     def applies(self) -> bool:
-        """Whether the run's bank table has the embedding column whose drift this view shows."""
-        return self._source() is not None
+        """Whether a table of the run's bank has a float vector column."""
+        return self.reader is not None and bool(self.reader.vector_tables())
 
     def _layout(self) -> pn.viewable.Viewable:
         wide = {"sizing_mode": "stretch_width"}
         return pn.Column(
             pn.Row(self._l2.pane, self._cos.pane, **wide),
             pn.Row(self._shards.pane, self._churn_plot.pane, **wide),
-            pn.Row(self.slider, self.colour_select),
+            pn.Row(self.table_select, self.column_select, self.slider, self.colour_select),
             self._map.pane,
             **wide,
         )

@@ -12,7 +12,7 @@ import panel as pn
 import param
 from bokeh.models import DataRange1d
 
-from carls_dask.dashboards.figures import LiveLogCurves
+from carls_dask.dashboards.figures import LiveCurves, LiveLogCurves
 from carls_dask.dashboards.learning import MAKER_METRICS, SMOOTHING, X_AXES, Loops, curve, discover
 from carls_dask.dashboards.views.base import RunView, in_background
 from carls_dask.storage.runfolder import RunFolder
@@ -20,6 +20,21 @@ from carls_dask.storage.runfolder import RunFolder
 __all__ = ["LearningControls", "LearningView", "read_result"]
 
 logger = logging.getLogger(__name__)
+
+#: Height (pixels) of the figure of one series of a loop.
+SMALL_HEIGHT = 200
+#: Figures of a loop's own series side by side.
+SERIES_COLUMNS = 3
+
+
+def _set_xlabel(chart: LiveCurves, label: str) -> None:
+    """Name the x axis of a chart (both figures of a :class:`LiveLogCurves`)."""
+    if isinstance(chart, LiveLogCurves):
+        chart.set_xlabel(label)
+        return
+    for axis in chart.figure.xaxis:
+        if axis.axis_label != label:
+            axis.axis_label = label
 
 _MAKER_TITLES = {
     "staleness_s": ("makers: age of the model version used", "staleness (s)"),
@@ -74,10 +89,13 @@ class LearningControls(param.Parameterized):
 
 
 class LearningView(RunView):
-    """Loss and evaluation metrics of every trainer, and the makers' staleness, rounds and rows, on one x axis.
+    """Every series the run's loops write, grouped by loop, on one x axis.
 
-    Trainers and makers are found in the metric store (see :func:`~carls_dask.dashboards.learning.discover`);
-    a figure is added when its loop first writes. All figures share one x range: zooming one zooms all.
+    Trainers and makers are found in the metric store (see :func:`~carls_dask.dashboards.learning.discover`):
+    each trainer's loss and evaluation metrics, the makers' staleness, rounds and rows side by side, then
+    every other series of each loop in a figure of its own (named ``learning-series-LOOP.metric``), loop
+    by loop. A figure is added when its series is first written. All figures share one x range: zooming
+    one zooms all.
     """
 
     controls = param.ClassSelector(class_=LearningControls, doc="The x axis, smoothing and y scale of the curves.")
@@ -89,9 +107,10 @@ class LearningView(RunView):
         assert isinstance(self.controls, LearningControls)
         self._ctl: LearningControls = self.controls
         self.x_range = DataRange1d()
-        self.charts: dict[str, LiveLogCurves] = {}
+        self.charts: dict[str, LiveCurves] = {}
         self._charts_lock = threading.Lock()
         self._grid = pn.GridBox(ncols=2, sizing_mode="stretch_width")
+        self._series_grid = pn.Column(sizing_mode="stretch_width")
         self._shown: list[str] = []
         self._result_cache: dict[str, Any] = {}
         self.loops: Loops | None = None
@@ -110,7 +129,8 @@ class LearningView(RunView):
 
     def _on_log(self, event: param.parameterized.Event) -> None:
         for chart in list(self.charts.values()):
-            chart.set_log(bool(event.new))
+            if isinstance(chart, LiveLogCurves):
+                chart.set_log(bool(event.new))
 
     # ------------------------------------------------------------------ reading
 
@@ -118,17 +138,19 @@ class LearningView(RunView):
         """Whether the run has learning curves: a trainer or maker in its metric store (or nothing read yet)."""
         return self.loops is None or bool(self.loops) or not self._has_metrics
 
-    def figures(self) -> list[LiveLogCurves]:  # type: ignore[override]
+    def figures(self) -> list[LiveCurves]:  # type: ignore[override]
         with self._charts_lock:
             return list(self.charts.values())
 
-    def _chart(self, key: str, title: str, ylabel: str) -> LiveLogCurves:
+    def _chart(self, key: str, title: str, ylabel: str, small: bool = False) -> LiveCurves:
         chart = self.charts.get(key)
         if chart is None:
-            chart = LiveLogCurves(
-                title, "no points yet", xlabel=self._xlabel, ylabel=ylabel, name=f"learning-{key}", x_range=self.x_range,
-                sizing_mode="stretch_width",
-            )
+            if small:  # one series of a loop: a plain figure, smaller
+                chart = LiveCurves(title, "no points yet", xlabel=self._xlabel, ylabel=ylabel, name=f"learning-{key}",
+                                   x_range=self.x_range, height=SMALL_HEIGHT)
+            else:
+                chart = LiveLogCurves(title, "no points yet", xlabel=self._xlabel, ylabel=ylabel,
+                                      name=f"learning-{key}", x_range=self.x_range, sizing_mode="stretch_width")
             with self._charts_lock:
                 self.charts[key] = chart
         return chart
@@ -168,7 +190,16 @@ class LearningView(RunView):
                 self._chart(f"maker-{metric}", title, ylabel).set(
                     [(maker, *curve(ds, s, c.x_axis, c.smoothing, c.amount)) for maker, s in lines]
                 )
-        self._set_message("" if loops else "This run's metric store has no trainer or maker series yet.")
+        for loop, series in loops.others.items():
+            for metric, name in series.items():
+                if ds[name].ndim != 1:
+                    continue  # a vector per step (a histogram): not a curve
+                x, y = curve(ds, name, c.x_axis, c.smoothing, c.amount)
+                if not x.size and f"series-{name}" not in self.charts:
+                    continue  # no value written yet: its figure comes with the first
+                label = f"{loop}: {metric}" if loop else f"run: {metric}"
+                self._chart(f"series-{name}", label, metric, small=True).set([(metric, x, y)])
+        self._set_message("" if loops else "This run's metric store has no series yet.")
 
     def flush(self) -> int:
         """Apply the queued curve updates, and add the figures of loops that appeared; call on the page.
@@ -180,14 +211,37 @@ class LearningView(RunView):
         for chart in charts:
             if chart.flush():
                 changed += 1
-                chart.set_xlabel(self._xlabel)
+                _set_xlabel(chart, self._xlabel)
         keys = list(self.charts)
         if keys != self._shown:
-            for chart in charts:
-                chart.set_log(self._ctl.log_y)
-            self._grid.objects = [chart.pane for chart in charts]
+            main = [chart for key, chart in self.charts.items() if not key.startswith("series-")]
+            for chart in main:
+                if isinstance(chart, LiveLogCurves):
+                    chart.set_log(self._ctl.log_y)
+            self._grid.objects = [chart.pane for chart in main]
+            self._series_grid.objects = self._loop_panes()
             self._shown = keys
         return changed
 
+    def _loop_panes(self) -> list[pn.viewable.Viewable]:
+        """Each loop's own series, under a heading naming the loop (in the order the loops were found)."""
+        by_loop: dict[str, list[LiveCurves]] = {}
+        loops = self.loops or Loops()
+        for key, chart in self.charts.items():
+            if key.startswith("series-"):
+                name = key[len("series-"):]
+                loop = next((lp for lp, series in loops.others.items() if name in series.values()), "")
+                by_loop.setdefault(loop, []).append(chart)
+        rank = {"trainer": 0, "maker": 1}
+        panes: list[pn.viewable.Viewable] = []
+        for loop in sorted(by_loop, key=lambda lp: (not lp, rank.get(loops.kinds.get(lp, ""), 2))):
+            charts = by_loop[loop]
+            kind = loops.kinds.get(loop, "")
+            heading = f"#### {loop} ({kind})" if loop and kind else f"#### {loop}" if loop else "#### run"
+            panes.append(pn.pane.Markdown(heading, sizing_mode="stretch_width"))
+            fill = [pn.Spacer(sizing_mode="stretch_width") for _ in range(-len(charts) % SERIES_COLUMNS)]
+            panes.append(pn.GridBox(*[c.pane for c in charts], *fill, ncols=SERIES_COLUMNS, sizing_mode="stretch_width"))
+        return panes
+
     def _layout(self) -> pn.viewable.Viewable:
-        return pn.Column(self._ctl.widgets(), self._grid, sizing_mode="stretch_width")
+        return pn.Column(self._ctl.widgets(), self._grid, self._series_grid, sizing_mode="stretch_width")

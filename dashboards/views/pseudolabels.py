@@ -22,7 +22,6 @@ from carls_dask.dashboards.pseudolabels import (
     threshold_curve,
     truth_for,
 )
-from carls_dask.dashboards.runreader import RunReader
 from carls_dask.dashboards.views.base import RunView, in_background, series
 
 __all__ = ["PseudoLabelView"]
@@ -64,52 +63,40 @@ class PseudoLabelView(RunView):
         self.quality: dict[str, float] = {}
         self._shown: tuple[xr.Dataset, xr.DataArray | None, bool] | None = None  # what the figures show now
         self._index: QualityIndex | None = None  # the shown rows sorted by confidence
-        self._found: str | None = None  # the table found to hold the pseudo labels
-        self._own: RunReader | None = None  # its reader, when it is not the reader's table
 
-    def _labels(self) -> RunReader:
-        """The reader of the table holding the pseudo labels.
-
-        :attr:`table` when set; else the reader's own table when its newest snapshot has a
-        ``pseudo_label`` column, else the first table that has one (a run may keep its pseudo labels
-        in a table of their own, e.g. ``pseudo_labels`` beside ``nodes``).
-        """
+    def _labels(self) -> str | None:
+        """The table holding the pseudo labels: :attr:`table` when set; else the reader's table when it has a
+        ``pseudo_label`` column, else the first table that has one (a run may keep its pseudo labels in a
+        table of their own, e.g. ``pseudo_labels`` beside ``nodes``); ``None`` while no table has one."""
         assert self.reader is not None
-        name = self.table or self._found
-        if name is None:
-            snaps = self.reader.snapshots()
-            if not snaps:
-                return self.reader
-            from carls_dask.storage.snapshots import read_manifest
-
-            tables = read_manifest(self.reader.bank_path, int(snaps[-1]["version"])).get("tables", {})
-            have = [t for t, info in tables.items() if "col/pseudo_label" in info.get("arrays", {})]
-            if not have:
-                return self.reader  # none yet: look again at the next refresh
-            name = self.reader.table if self.reader.table in have else have[0]
-            self._found = name
-        if name == self.reader.table:
-            return self.reader
-        if self._own is None or self._own.table != name or self._own.path != self.reader.path:
-            self._own = RunReader(self.reader.path, table=name)
-        return self._own
+        have = [t for t, cols in self.reader.tables().items() if "pseudo_label" in cols]
+        if not have:
+            return None
+        if self.table in have:
+            return self.table
+        reader_table = self.reader.table
+        return reader_table if reader_table in have else have[0]
 
     def _inputs(self) -> tuple[object, ...]:
         assert self.reader is not None
-        return (self._labels().latest(), self.reader.metrics(), self.reader.truth(), self.threshold, self.bins)
+        table = self._labels()
+        latest = self.reader.latest(table) if table is not None else None
+        return (latest, self.reader.metrics(), self.reader.truth(), self.threshold, self.bins)
 
     def _update(self) -> None:
         assert self.reader is not None
-        labels = self._labels()
-        ds = labels.latest()
-        if ds is None:
-            self._set_absent("No bank yet: pseudo-label quality appears once the run has a bank snapshot.",
-                             "pseudo-label quality")
-            return
+        table = self._labels()
         self._update_series()  # the run's own figures show whatever the bank holds
+        ds = self.reader.latest(table) if table is not None else None
+        if ds is None:
+            if self.reader.tables():
+                self._set_message("This run has no pseudo labels (no table of its bank has a pseudo_label column).")
+            else:
+                self._set_absent("No bank yet: pseudo-label quality appears once the run has a bank snapshot.",
+                                 "pseudo-label quality")
+            return
         if not has_pseudo_labels(ds):
-            why = "no pseudo_label column" if not has_column(ds, "pseudo_label") else "no row labelled yet"
-            self._set_message(f"This run has no pseudo labels (table {labels.table!r}: {why}).")
+            self._set_message(f"This run has no pseudo labels yet (table {table!r}: no row labelled yet).")
             self.summary.object = ""
             return
         truth = self.reader.truth()
@@ -167,14 +154,17 @@ class PseudoLabelView(RunView):
 
     def _update_flips(self) -> None:
         assert self.reader is not None
-        labels = self._labels()
-        snaps = labels.snapshots()[-self.max_snapshots :]
+        table = self._labels()
+        snaps = self.reader.snapshots()[-self.max_snapshots :]
         versions = [int(s["version"]) for s in snaps]
         self._steps.update({int(s["version"]): int(s["step"]) for s in snaps})
         for prev, cur in itertools.pairwise(versions):
             if cur in self._flips:
                 continue
-            a, b = labels.snapshot(prev), labels.snapshot(cur)
+            try:
+                a, b = self.reader.snapshot(prev, table), self.reader.snapshot(cur, table)
+            except KeyError:  # a snapshot without the table
+                continue
             if has_column(a, "pseudo_label") and has_column(b, "pseudo_label"):
                 self._flips[cur] = flip_rate(a, b)
         for v in [v for v in self._flips if v not in versions]:

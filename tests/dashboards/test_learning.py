@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from carls_dask.dashboards.dashboard import Dashboard, run_paths_from
+from carls_dask.dashboards.figures import LiveLogCurves
 from carls_dask.dashboards.learning import curve, discover, is_eval_metric, smooth
 from carls_dask.dashboards.runreader import RunReader
 from carls_dask.dashboards.runs import find_runs
@@ -138,7 +139,15 @@ def test_learning_view_draws_every_trainer_and_maker_series_of_a_real_run(semi_r
     def n(name: str) -> int:
         return int(np.isfinite(ds[name].values).sum())
 
-    assert set(view.charts) == {"trainer-loss", "trainer-eval", "maker-staleness_s", "maker-round", "maker-rows"}
+    main = {"trainer-loss", "trainer-eval", "maker-staleness_s", "maker-round", "maker-rows"}
+    # Every other series of each loop has a figure of its own (the loops' own figures, e.g. the pseudo-labeller's
+    # pl_count), but LOOP.step (the x axis) and the sink's unprefixed copies.
+    assert view.loops is not None
+    drawn = {s for group in (view.loops.trainers, view.loops.makers) for loop in group.values() for s in loop.values()}
+    own = {str(v) for v in ds.data_vars if "." in str(v) and str(v) not in drawn and not str(v).endswith(".step")}
+    assert own and {"pseudo-labeller.pl_count", "trainer.steps_per_s", "neighbour-maker.test_acc"} <= own
+    assert set(view.charts) == main | {f"series-{s}" for s in own}
+    assert all(view.charts[f"series-{s}"].points() == {s.rpartition(".")[2]: n(s)} for s in own)
     assert view.charts["trainer-loss"].points() == {"loss": n("trainer.loss")}
     assert view.charts["trainer-eval"].points() == {m: n(f"trainer.{m}") for m in ("train_acc", "val_acc", "test_acc")}
     assert view.charts["maker-staleness_s"].points() == {
@@ -146,7 +155,8 @@ def test_learning_view_draws_every_trainer_and_maker_series_of_a_real_run(semi_r
     }
     assert n("trainer.loss") >= 3
     # One x axis for all: zooming one figure zooms them all.
-    assert len({id(c.figure.x_range) for c in view.charts.values()} | {id(c.log_figure.x_range) for c in view.charts.values()}) == 1
+    logs = [c for c in view.charts.values() if isinstance(c, LiveLogCurves)]
+    assert len({id(c.figure.x_range) for c in view.charts.values()} | {id(c.log_figure.x_range) for c in logs}) == 1
     assert view.applies()
 
     src = view.charts["trainer-loss"].sources["loss"]
@@ -161,10 +171,10 @@ def test_learning_view_draws_every_trainer_and_maker_series_of_a_real_run(semi_r
     assert view.charts["trainer-loss"].figure.xaxis[0].axis_label == "seconds since the run's first metric"
 
     view.controls.log_y = True
-    assert all(c.log and c.log_figure.visible and not c.figure.visible for c in view.charts.values())
+    assert all(c.log and c.log_figure.visible and not c.figure.visible for c in logs)
     assert view.charts["trainer-loss"].log_figure.y_scale.__class__.__name__ == "LogScale"
     view.controls.log_y = False
-    assert not any(c.log for c in view.charts.values())
+    assert not any(c.log for c in logs)
 
 
 def test_learning_view_streams_only_new_points_as_the_run_writes(tmp_path: pathlib.Path) -> None:

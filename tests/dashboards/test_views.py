@@ -99,7 +99,7 @@ def test_run_without_pseudo_labels_or_metrics(tmp_path: pathlib.Path) -> None:
     write_snapshot(tmp_path / "bank", 10, keys, {"embedding": cols["embedding"]})
     d = Dashboard(reader=RunReader(tmp_path))
     d.refresh()
-    assert d.pseudo_labels.message == "This run has no pseudo labels (table 'nodes': no pseudo_label column)."
+    assert d.pseudo_labels.message == "This run has no pseudo labels (no table of its bank has a pseudo_label column)."
     assert "no curriculum series" in d.curriculum.message and "no difficulty column" in d.curriculum.message
     assert d.health.rows.value == 100 and "no metric store yet" in d.health.message
     assert "One snapshot so far" in d.drift.message

@@ -71,10 +71,11 @@ def _assert_self_contained(report: pathlib.Path) -> None:
 
 
 def _bank_rows(run: pathlib.Path) -> int:
-    """Rows of the run's bank table, read from its newest snapshot (0 without a bank)."""
+    """Rows of every table of the run's bank (the figure covers them all), read from its newest snapshot (0 without
+    a bank)."""
     if not (run / "bank").exists():
         return 0
-    return len(read_snapshot(run / "bank", tables=["nodes"], names=["keys"])["nodes"]["keys"])
+    return sum(len(t["keys"]) for t in read_snapshot(run / "bank", names=["keys"]).values())
 
 
 def _write(runs: list[pathlib.Path], out: pathlib.Path) -> None:
@@ -108,8 +109,8 @@ def test_report_of_a_run_opens_offline_with_the_runs_figures(
         result = json.loads((run / "result.json").read_text())
         cells = dict(shown["cells"])  # type: ignore[arg-type]
         assert cells["run"] == run.name
-        assert cells["test accuracy"] == f"{result['figures']['test_acc']:.4g}"
-        assert cells["best val accuracy"] == f"{result['figures']['best_val_acc']:.4g}"
+        assert cells["test_acc"] == f"{result['figures']['test_acc']:.4g}"  # the run's own figures, by their names
+        assert cells["best_val_acc"] == f"{result['figures']['best_val_acc']:.4g}"
         assert cells["steps"] == str(result["settings"]["steps"])
 
         texts: list[str] = shown["texts"]  # type: ignore[assignment]
@@ -156,7 +157,7 @@ def test_report_of_a_folder_of_runs_shows_each_run(
         assert sorted(by_run) == sorted(p.name for p in semi_runs)
         for run in semi_runs:
             result = json.loads((run / "result.json").read_text())
-            assert by_run[run.name]["test accuracy"] == f"{result['figures']['test_acc']:.4g}", run.name
+            assert by_run[run.name]["test_acc"] == f"{result['figures']['test_acc']:.4g}", run.name
             assert by_run[run.name]["variant"] == result["variant"]
             assert by_run[run.name]["seed"] == str(result["seed"])
 
