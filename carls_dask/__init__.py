@@ -18,7 +18,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from carls_dask import config as config
-from carls_dask.errors import CarlsError
+from carls_dask.errors import CarlsError, UnknownAttributeError
 
 if TYPE_CHECKING:
     from carls_dask.bank import Column, KnowledgeBank, LookupResult, TableSpec
@@ -64,7 +64,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     where = _WHERE.get(name)
     if where is None:
-        raise AttributeError(f"module 'carls_dask' has no attribute {name!r}")
+        raise UnknownAttributeError(f"module 'carls_dask' has no attribute {name!r}")
     value = getattr(importlib.import_module(where), name)
     globals()[name] = value  # later lookups skip this hook
     return value

@@ -18,10 +18,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 import pathlib
-import tomllib
 from collections.abc import Iterable, Mapping
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests.sources import ROOT, package_modules
 
 STORAGE, PARADIGMS, DASHBOARDS = "carls_dask.storage", "carls_dask.paradigms", "carls_dask.dashboards"
 
@@ -33,20 +32,6 @@ class Edge:
     source: str
     target: str
     where: str
-
-
-def package_modules(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
-    """Every module of the installed package by dotted name, found through pyproject.toml's package-dir."""
-    tool = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    out: dict[str, pathlib.Path] = {}
-    for package, folder in tool["package-dir"].items():
-        base = root / folder
-        for path in sorted(base.rglob("*.py")):
-            parts = list(path.relative_to(base).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            out[".".join([package, *parts])] = path
-    return out
 
 
 def import_edges(modules: Mapping[str, pathlib.Path], root: pathlib.Path = ROOT, prefix: str = "carls_dask") -> list[Edge]:

@@ -42,7 +42,7 @@ from carls_dask.bank.actor_internals import (
     watch_all,
 )
 from carls_dask.bank.rehoming import adopt_or_rehome, forget_table, rehome_stats
-from carls_dask.errors import DeadlineExceeded, ShardLostError
+from carls_dask.errors import ArgumentTypeError, DeadlineExceeded, InvalidArgumentError, ShardLostError
 
 __all__ = ["DaskTransport", "Failed", "LocalTransport", "ShardCall", "new_op_id", "stamp_op_ids"]
 
@@ -88,7 +88,7 @@ class ShardCall:
 
     def __post_init__(self) -> None:
         if self.op_id is not None and not self.mutating:
-            raise ValueError(f"ShardCall {self.method!r} to shard {self.shard}: op_id={self.op_id} on a call that "
+            raise InvalidArgumentError(f"ShardCall {self.method!r} to shard {self.shard}: op_id={self.op_id} on a call that "
                              "is not mutating; expected op_id=None")
 
     @property
@@ -145,7 +145,7 @@ class LocalTransport:
         return bool(self.shards)
 
     def __reduce__(self) -> Any:
-        raise TypeError(f"a bank of {len(self.shards)} in-process shards (KnowledgeBank.local) cannot be pickled; "
+        raise ArgumentTypeError(f"a bank of {len(self.shards)} in-process shards (KnowledgeBank.local) cannot be pickled; "
                         "expected a bank created with KnowledgeBank.create to pass into tasks")
 
     @property
@@ -274,7 +274,7 @@ class DaskTransport:
             if not deferred:
                 return getattr(handle, c.method)(*c.args, **c.send_kwargs)
             if handle_lost(handle):
-                raise RuntimeError(f"{LOST_TEXT}.  Status: {handle._future.status}")
+                raise ShardLostError(f"{LOST_TEXT}.  Status: {handle._future.status}")
             if c.on_loop:
                 return execute(handle, "call_on_loop", (c.method, *c.args), c.send_kwargs)
             return execute(handle, c.method, c.args, c.send_kwargs)

@@ -57,7 +57,7 @@ from typing import Any
 
 from carls_dask import config
 from carls_dask.console import command_name
-from carls_dask.errors import ConfigError, CorruptStoreError, StoreError
+from carls_dask.errors import ConfigError, CorruptStoreError, RunInterrupted, StoreError
 from carls_dask.runtime.channel import LocalModelChannel
 from carls_dask.runtime.checkpoints import Checkpointer
 from carls_dask.runtime.context import LoopContext, LoopResult, ThreadStop, pick_device
@@ -74,38 +74,6 @@ __all__ = ["RESULT_SCHEMA", "RunInterrupted", "RunResult", "resume_run", "run_in
 logger = logging.getLogger(__name__)
 
 RESULT_SCHEMA = "carls-dask/result/2"
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """A run stopped by Ctrl-C (SIGINT): the step it reached and the checkpoint ``--resume`` continues from.
-
-    A :class:`KeyboardInterrupt`, so code that stops on Ctrl-C still does; ``str()`` is the one line
-    ``carls-dask`` prints.
-
-    Attributes
-    ----------
-    run_dir
-        The run folder, or ``None`` for a run without one.
-    step
-        The primary trainer's step when the run stopped.
-    checkpoint
-        The step of the newest checkpoint kept in the folder, or ``None`` when there is none.
-    """
-
-    def __init__(self, run_dir: pathlib.Path | None, step: int, checkpoint: int | None) -> None:
-        super().__init__(run_dir, step, checkpoint)
-        self.run_dir = run_dir
-        self.step = int(step)
-        self.checkpoint = checkpoint
-
-    def __str__(self) -> str:
-        if self.run_dir is None:
-            return f"interrupted at step {self.step}; the run had no run folder, so nothing was kept"
-        if self.checkpoint is None:
-            return (f"interrupted at step {self.step}, before the first checkpoint (carls.run.snapshot-every); "
-                    f"{self.run_dir} cannot be resumed: start the run again")
-        return (f"interrupted at step {self.step}; checkpoint at step {self.checkpoint} kept in {self.run_dir}; "
-                f"continue with: {command_name()} run --resume {self.run_dir}")
 
 
 @dataclasses.dataclass
@@ -419,7 +387,7 @@ def _interrupted(plan: _Plan, step: int) -> RunInterrupted:
     if plan.run_dir is not None:
         steps = RunFolder(plan.run_dir).state_steps(plan.trainers[0].name)
         checkpoint = steps[-1] if steps else None
-    return RunInterrupted(plan.run_dir, step, checkpoint)
+    return RunInterrupted(plan.run_dir, step, checkpoint, command_name())
 
 
 def _has_initialise(p: Paradigm) -> bool:

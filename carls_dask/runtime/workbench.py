@@ -36,6 +36,7 @@ from typing import Any
 
 from carls_dask import config
 from carls_dask.errors import (
+    ArgumentTypeError,
     CarlsError,
     ConfigError,
     DeadlineExceeded,
@@ -379,7 +380,7 @@ class Workbench:
         bank's step and its checkpoints snapshot the bank.
         """
         if not isinstance(trainer, Trainer):
-            raise TypeError(f"submit_trainer: expected a Trainer, got {type(trainer).__name__}")
+            raise ArgumentTypeError(f"submit_trainer: expected a Trainer, got {type(trainer).__name__}")
         if primary is None:
             primary = not any(h.kind == "trainer" for h in self._loops.values())
         return self._submit(trainer, workers, primary=primary)
@@ -391,7 +392,7 @@ class Workbench:
         again on a live worker (up to ``carls.runtime.maker-restarts`` times).
         """
         if not isinstance(maker, KnowledgeMaker):
-            raise TypeError(f"submit_maker: expected a KnowledgeMaker, got {type(maker).__name__}")
+            raise ArgumentTypeError(f"submit_maker: expected a KnowledgeMaker, got {type(maker).__name__}")
         return self._submit(maker, workers)
 
     def _source_of(self, maker: KnowledgeMaker) -> str:
