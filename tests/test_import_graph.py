@@ -232,3 +232,19 @@ def test_the_checks_see_function_level_imports_cycles_and_crossings(tmp_path: pa
     assert _refused(Edge("carls_dask.dashboard_cli", "carls_dask.dashboards.runs", "")) is None
     assert _refused(Edge("carls_dask.paradigms.curriculum.loops", "carls_dask.dashboards.views", "")) is not None
     assert _refused(Edge("carls_dask.paradigms.curriculum.loops", "carls_dask.nn.embedding", "")) is None
+
+
+def test_test_modules_share_helpers_through_helper_modules() -> None:
+    """No test module imports another test module or a conftest: what tests share lives in a helper module
+    (``tests/processes.py``, ``tests/bank/banks.py``, ``tests/ui/browser.py``, ...) and fixtures in conftest files."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+                     if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                last = name.rpartition(".")[2]
+                if name.startswith("tests.") and (last.startswith("test_") or last == "conftest"):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert not found, "test modules importing test modules or conftest files:\n" + "\n".join(found)

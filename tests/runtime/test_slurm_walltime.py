@@ -14,14 +14,14 @@ import sys
 import dask
 import pytest
 
-from tests.bank.test_rehoming import lifetime_handover, workers
-from tests.runtime.test_slurm import PARTITION, _controller_answers
+from tests.bank.rehome import lifetime_handover, workers
+from tests.runtime.slurm import PARTITION, controller_answers
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 def test_slurm_worker_at_its_walltime_hands_its_shard_over(tmp_path: pathlib.Path) -> None:
-    reason = _controller_answers()
+    reason = controller_answers()
     if reason is not None:
         pytest.skip(reason)
     from dask_jobqueue import SLURMCluster

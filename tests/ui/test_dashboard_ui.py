@@ -21,7 +21,7 @@ from playwright.sync_api import Browser, Page
 
 from tests.dashboards.runfolder import nodes, write_snapshot
 from tests.processes import stop_process, wait_for, wait_until
-from tests.ui.conftest import (
+from tests.ui.browser import (
     POINTS_JS,
     START_DEADLINE,
     open_page,

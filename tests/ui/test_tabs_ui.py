@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import Browser, Page
 
 from tests.processes import wait_for, wait_until
-from tests.ui.conftest import _inline_run, open_page, page_wait, serve_dashboard
+from tests.ui.browser import inline_run, open_page, page_wait, serve_dashboard
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]
 
@@ -44,7 +44,7 @@ _FIGURE_POINTS = """(prefix) => {
 def _snapshotting(paradigm: str, variant: str, root: pathlib.Path, steps: int, **overrides: object) -> pathlib.Path:
     """A real run that publishes a model and snapshots its bank every 20 steps, so that every plot has data."""
     with dask.config.set({"carls.run.snapshot-every": 20, "carls.runtime.publish-every": 20}):
-        return _inline_run(root, paradigm, variant, 0, steps, **overrides)
+        return inline_run(root, paradigm, variant, 0, steps, **overrides)
 
 
 @pytest.fixture(scope="module")
