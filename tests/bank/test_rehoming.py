@@ -253,7 +253,7 @@ def test_a_worker_at_its_lifetime_hands_its_shard_over_before_it_goes(tmp_path: 
                                              dashboard_address=":0") as cluster, Client(cluster) as client:
         proc = subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address, "--nthreads", "1",
-             "--no-dashboard", "--host", "127.0.0.1", "--lifetime", "25s", "--name", "walltime"],
+             "--no-dashboard", "--host", "127.0.0.1", "--lifetime", "20s", "--name", "walltime"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         try:
