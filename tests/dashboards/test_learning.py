@@ -295,10 +295,17 @@ dash = Dashboard(RUN, period=0.5)
 dash
 """,
     """
-await asyncio.sleep(5)
-before = (dash.ticks, dash.learning.charts["trainer-loss"].points()["loss"], sum(patches))
-await asyncio.sleep(5)
-after = (dash.ticks, dash.learning.charts["trainer-loss"].points()["loss"], sum(patches))
+def seen():  # the loss chart appears with the first refresh that finds the series
+    chart = dash.learning.charts.get("trainer-loss")
+    return (dash.ticks, chart.points().get("loss", 0) if chart is not None else 0, sum(patches))
+async def until(ok, seconds=120):  # the kernel's loop runs the dashboard's refresh while this waits
+    for _ in range(int(seconds / 0.1)):
+        if ok(seen()):
+            break
+        await asyncio.sleep(0.1)
+    return seen()
+before = await until(lambda s: s[0] >= 1 and s[1] > 0)
+after = await until(lambda s: s[0] >= before[0] + 5 and s[1] > before[1] and s[2] > before[2])
 wb.stop(timeout=60)
 wb.close()
 client.close()
