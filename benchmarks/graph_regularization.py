@@ -30,6 +30,12 @@ Usage::
     python benchmarks/graph_regularization.py --seeds 10 --steps 300 --dataset citeseer
     python benchmarks/graph_regularization.py --in-process --skip-speed --steps 100
     python benchmarks/graph_regularization.py --in-process --skip-speed --seeds 10 --dataset citeseer
+    python benchmarks/graph_regularization.py --checks teacher     # PASS/FAIL, the size tests once ran at
+
+``--checks NAME ...`` runs, instead of the table, the checks of ``tests/paradigms`` at the sizes those tests
+ran at before the suite was cut to 20 minutes (the tests now show each effect at a smaller size) and prints a
+PASS/FAIL line per check: ``teacher`` (CiteSeer, 120 steps: the graph teacher's pseudo labels against the
+student's own), ``cora`` (Cora, 100 steps: bank + pseudo labels and the bank variant against the base MLP).
 """
 
 from __future__ import annotations
@@ -67,6 +73,53 @@ VARIANTS = (
 )
 
 
+def check_teacher(data_dir: str | None) -> list[tuple[str, bool, str]]:
+    """tests/paradigms/test_graph_teacher.py's run test at 120 steps: CiteSeer, bank + pseudo labels, seed 0."""
+    acc, metrics = {}, {}
+    for teacher in ("student", "graph"):
+        s = PARADIGM.settings("bank+pseudo", {"dataset": "citeseer", "pseudo_teacher": teacher}, steps=120,
+                              data_dir=data_dir)
+        result = run_inline(PARADIGM, s, variant="bank+pseudo")
+        acc[teacher], metrics[teacher] = result["test_acc"], result.loops["pseudo-labeller"]["metrics"]
+    m = metrics["graph"]
+    return [
+        ("graph teacher's val accuracy > 0.70", m["teacher_val_acc"] > 0.7, f"{m['teacher_val_acc']:.4f}"),
+        ("graph teacher labels every node", m["pl_coverage"] == 1.0, f"{m['pl_coverage']:.4f}"),
+        ("graph teacher >= student teacher + 2 points", acc["graph"] >= acc["student"] + 0.02,
+         f"{acc['graph']:.4f} vs {acc['student']:.4f}"),
+    ]
+
+
+def check_cora(data_dir: str | None) -> list[tuple[str, bool, str]]:
+    """tests/paradigms/test_semi_supervised_run.py's learning checks at 100 steps: Cora, in process."""
+    acc: dict[tuple[str, int], float] = {}
+    for variant, seed in (("base", 0), ("bank+pseudo", 0), ("bank", 0), ("base", 1), ("bank", 1)):
+        s = PARADIGM.settings(variant, steps=100, seed=seed, data_dir=data_dir)
+        acc[variant, seed] = float(run_inline(PARADIGM, s, variant=variant)["test_acc"])
+    out = [("bank + pseudo labels >= base MLP + 15 points (seed 0)", acc["bank+pseudo", 0] >= acc["base", 0] + 0.15,
+            f"{acc['bank+pseudo', 0]:.4f} vs {acc['base', 0]:.4f}")]
+    out += [(f"bank >= base MLP (seed {seed})", acc["bank", seed] >= acc["base", seed],
+             f"{acc['bank', seed]:.4f} vs {acc['base', seed]:.4f}") for seed in (0, 1)]
+    return out
+
+
+#: ``--checks`` names: the full-size versions of the paradigm tests' checks
+CHECKS = {"teacher": check_teacher, "cora": check_cora}
+
+
+def run_checks(names: list[str], data_dir: str | None) -> int:
+    """Run the named checks, print a PASS/FAIL line each; 0 when all passed."""
+    failed = 0
+    for name in names:
+        t0 = time.perf_counter()
+        lines = CHECKS[name](data_dir)
+        print(f"{name} ({time.perf_counter() - t0:.0f} s):")
+        for what, ok, got in lines:
+            print(f"  {'PASS' if ok else 'FAIL'}  {what:52s} {got}", flush=True)
+            failed += not ok
+    return 1 if failed else 0
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", default="cora", choices=["cora", "citeseer"])
@@ -97,6 +150,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="accuracy variants to run, by index: 0 base, 1 in-graph, 2 bank, 3 bank + pseudo labels")
     p.add_argument("--skip-accuracy", action="store_true")
     p.add_argument("--skip-speed", action="store_true")
+    p.add_argument("--checks", nargs="+", choices=sorted(CHECKS), default=None,
+                   help="run these full-size test checks (PASS/FAIL) instead of the table")
     return p.parse_args(argv)
 
 
@@ -218,6 +273,11 @@ def speed(client: Any, args: argparse.Namespace) -> dict[tuple[str, int], float]
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     logging.basicConfig(level=logging.WARNING)
+    if args.checks:
+        import torch
+
+        torch.set_num_threads(1)
+        return run_checks(args.checks, args.data_dir)
     for name in ("distributed", "distributed.nanny", "distributed.scheduler", "distributed.core"):
         logging.getLogger(name).setLevel(logging.ERROR)
     from distributed import Client, LocalCluster

@@ -13,7 +13,8 @@ delta log and checks it the same way. Memory growth is the change of the workers
 the first to the last quarter of the second half of the run, relative to the first.
 
 Prints steps/s, writes acknowledged, lost (live and restored), RSS start/peak/end, growth and the
-number of snapshots, and (``--json``) writes them to a file.
+number of snapshots, a PASS/FAIL line per check (those ``tests/test_soak.py`` asserts on a 30-second
+run), and (``--json``) writes the figures to a file.
 Run: ``python benchmarks/soak.py [--minutes 30] [--trainers 1] [--makers 1]``.
 """
 
@@ -251,6 +252,25 @@ def report(fig: Mapping[str, Any]) -> str:
     ])
 
 
+def checks(fig: Mapping[str, Any], snapshot_every: float, sample_every: float = 5.0) -> list[tuple[str, bool, str]]:
+    """The soak's verdicts, as ``tests/test_soak.py`` asserts them on a short run: ``(what, passed, figure)``.
+
+    Snapshots are taken between memory samples, so they come every ``max(snapshot_every, sample_every)``
+    seconds at most.
+    """
+    expected_snapshots = int(60.0 * fig["minutes"] / max(snapshot_every, sample_every)) - 1  # one may fall after the end
+    loops = fig["trainers"] + fig["makers"]
+    return [
+        ("no acknowledged write lost (live)", fig["lost"] == 0, f"{fig['lost']}"),
+        ("no acknowledged write lost (snapshot + log)", fig["lost_after_restore"] == 0, f"{fig['lost_after_restore']}"),
+        (f"every loop's {RANGE} ledger keys checked", fig["keys_checked"] >= RANGE * loops, f"{fig['keys_checked']}"),
+        (f"snapshots taken >= {expected_snapshots}", fig["snapshots"] >= expected_snapshots, f"{fig['snapshots']}"),
+        ("makers ran >= 2 rounds", fig["maker_rounds"] >= 2 or not fig["makers"], f"{fig['maker_rounds']}"),
+        ("worker memory growth over the second half < 10 %", fig["rss_growth_second_half"] < 0.10,
+         f"{100 * fig['rss_growth_second_half']:+.1f}%"),
+    ]
+
+
 def main() -> None:
     import os
 
@@ -266,6 +286,8 @@ def main() -> None:
     fig = run(args.minutes, trainers=args.trainers, makers=args.makers, snapshot_every=args.snapshot_every,
               workdir=args.dir, log=lambda m: print(m, flush=True))
     print(report(fig))
+    for what, ok, got in checks(fig, args.snapshot_every):
+        print(f"  {'PASS' if ok else 'FAIL'}  {what:52s} {got}")
     print(f"load: {os.getloadavg()}")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(fig, indent=2))

@@ -5,10 +5,16 @@ names a notebook needs load their module on first use, so ``import carls_dask`` 
 
     from carls_dask import KnowledgeBank, TableSpec, Column, Workbench, open_bank
 
-Everything installs inside this package: :mod:`carls_dask.bank`, :mod:`carls_dask.runtime`,
-:mod:`carls_dask.storage` (Zarr snapshots, delta log, metric series, xarray views),
-:mod:`carls_dask.paradigms` (semi-supervised, curriculum, multimodal) and :mod:`carls_dask.dashboards`
-(the Panel app).
+Everything installs inside this package (``docs/architecture.md`` maps the layers):
+
+- the system: :mod:`carls_dask.bank` (the sharded knowledge bank), :mod:`carls_dask.runtime` (trainers,
+  makers, the Workbench, the runner), :mod:`carls_dask.nn` (PyTorch layers over the bank),
+  :mod:`carls_dask.memory` (CARLS's dynamic Gaussian memory), :mod:`carls_dask.loading` (node-local
+  shared loading), :mod:`carls_dask.examples`, :mod:`carls_dask.config` (the ``carls.*`` settings) and
+  :mod:`carls_dask.errors` (every error class);
+- :mod:`carls_dask.storage` (Zarr snapshots, delta log, metric series, xarray views);
+- :mod:`carls_dask.paradigms` (semi-supervised, curriculum, multimodal and node embeddings);
+- :mod:`carls_dask.dashboards` (the Panel app) and the ``carls-dask`` command (:mod:`carls_dask.cli`).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from carls_dask import config as config
-from carls_dask.errors import CarlsError
+from carls_dask.errors import CarlsError, UnknownAttributeError
 
 if TYPE_CHECKING:
     from carls_dask.bank import Column, KnowledgeBank, LookupResult, TableSpec
@@ -64,7 +70,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     where = _WHERE.get(name)
     if where is None:
-        raise AttributeError(f"module 'carls_dask' has no attribute {name!r}")
+        raise UnknownAttributeError(f"module 'carls_dask' has no attribute {name!r}")
     value = getattr(importlib.import_module(where), name)
     globals()[name] = value  # later lookups skip this hook
     return value

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from carls_dask.errors import UnknownAttributeError
+
 if TYPE_CHECKING:
     from carls_dask.dashboards.dashboard import Dashboard
     from carls_dask.dashboards.notebook import inline_resources
@@ -27,4 +29,4 @@ __all__ = ["Dashboard", "RunReader", "inline_resources"]
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
         return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'carls_dask.dashboards' has no attribute {name!r}")
+    raise UnknownAttributeError(f"module 'carls_dask.dashboards' has no attribute {name!r}")

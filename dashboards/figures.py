@@ -23,6 +23,8 @@ from bokeh.models import ColumnDataSource, FactorRange, HoverTool, LinearColorMa
 from bokeh.models.annotations import Label, Legend, Title
 from bokeh.plotting import figure
 
+from carls_dask.errors import HookNotImplementedError, MissingKeyError
+
 __all__ = [
     "HEIGHT", "LOADING", "MIN_WIDTH", "WIDTH", "LiveBars", "LiveCurves", "LiveFigure", "LiveHeatmap", "LiveImage", "LiveLogCurves",
     "LiveMap", "LiveStackedBars",
@@ -153,10 +155,10 @@ class LiveFigure:
         return True
 
     def _apply(self, update: dict[str, Any]) -> None:
-        raise NotImplementedError
+        raise HookNotImplementedError(f"{type(self).__name__} must implement _apply()")
 
     def _clear(self) -> None:
-        raise NotImplementedError
+        raise HookNotImplementedError(f"{type(self).__name__} must implement _clear()")
 
 
 def _set_data(source: ColumnDataSource, data: dict[str, Any]) -> None:
@@ -384,7 +386,7 @@ class LiveMap(LiveImage):
         """
         missing = [c for c in ("x", "y", "colour", "category", *self.hover_columns) if c not in points]
         if missing:
-            raise KeyError(f"LiveMap {self.figure.name!r}: the points lack the columns {missing}; got {sorted(points)}")
+            raise MissingKeyError(f"LiveMap {self.figure.name!r}: the points lack the columns {missing}; got {sorted(points)}")
         super().set(rgba, bounds, title)
         with self._lock:
             assert self._pending is not None

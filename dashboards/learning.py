@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from carls_dask.errors import ConfigError
+from carls_dask.errors import ConfigError, InvalidArgumentError
 from carls_dask.storage.runfolder import MAKER_STALENESS_S, MAKER_VERSION, TRAIN_LOSS, RunFolder
 
 __all__ = [
@@ -216,7 +216,7 @@ def curve(
         raise ConfigError(f"x axis {x_axis!r} is not known; expected one of {X_AXES}")
     y = np.asarray(ds[name].values, dtype=np.float64)
     if y.ndim != 1:
-        raise ValueError(f"series {name!r} has dimensions {ds[name].dims}; a curve needs one value per step")
+        raise InvalidArgumentError(f"series {name!r} has dimensions {ds[name].dims}; a curve needs one value per step")
     if x_axis == "step":
         x = np.asarray(ds["step"].values, dtype=np.float64)
     else:

@@ -31,7 +31,7 @@ from carls_dask.dashboards.dashboard import Dashboard
 from carls_dask.dashboards.runreader import RunReader
 from carls_dask.dashboards.runs import find_runs
 from carls_dask.dashboards.views.compare import CompareView
-from carls_dask.errors import ConfigError, StoreError
+from carls_dask.errors import ConfigError, ReportError, StoreError
 from carls_dask.storage.runcheck import run_damage
 from carls_dask.storage.runfolder import REPORT, RESULT, RunFolder
 
@@ -165,7 +165,7 @@ def _inline_document(page: pn.viewable.Viewable) -> Document:
             patch_inline_stylesheets(model)
     linked = sorted({str(s.url) for s in doc.select({"type": ImportedStyleSheet}) if isinstance(s, ImportedStyleSheet)})
     if linked:
-        raise RuntimeError(f"report: components link stylesheets {linked}; expected every stylesheet inlined")
+        raise ReportError(f"report: components link stylesheets {linked}; expected every stylesheet inlined")
     return doc
 
 

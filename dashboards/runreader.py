@@ -179,7 +179,7 @@ class RunReader:
         steps = np.asarray(group["step"][start:stop])  # type: ignore[index]
         wall = np.asarray(group["wall_time"][start:stop])  # type: ignore[index]
         if (steps < 0).any():
-            raise ValueError(f"{int((steps < 0).sum())} of the new rows {start}..{stop} are not on disk yet")
+            raise StoreError(f"{int((steps < 0).sum())} of the new rows {start}..{stop} are not on disk yet")
         data = {
             name: (("step", *e["dims"]), np.asarray(group[e["path"]][start:stop]))  # type: ignore[index]
             for name, e in idx["series"].items()

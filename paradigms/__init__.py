@@ -5,6 +5,8 @@
 - :mod:`carls_dask.paradigms.curriculum`: maker-scored examples, paced;
 - :mod:`carls_dask.paradigms.multimodal`: image-text contrastive learning with bank-held embeddings and
   negative sampling;
+- :mod:`carls_dask.paradigms.node_embeddings`: skip-gram node vectors of the WordNet noun graph held in
+  the bank, judged by link prediction, a linear probe and hierarchy reconstruction;
 - :mod:`carls_dask.paradigms.data`: the data sets they read from local files.
 
 Each registers a ``carls-dask run NAME`` entry point (group ``carls_dask.paradigms``).

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from carls_dask.errors import CarlsError
+from carls_dask.errors import CarlsError, UnknownAttributeError
 
 if TYPE_CHECKING:
     from carls_dask.storage.bankstore import BankReplay, RowBatch, prune_snapshots
@@ -73,4 +73,4 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
         return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'carls_dask.storage' has no attribute {name!r}")
+    raise UnknownAttributeError(f"module 'carls_dask.storage' has no attribute {name!r}")

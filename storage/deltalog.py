@@ -137,16 +137,16 @@ def _decode(path: pathlib.Path, pos: int, hbytes: bytes, payload: bytearray,
     try:
         header = json.loads(hbytes)
         if not isinstance(header, dict):
-            raise TypeError(f"header is a JSON {type(header).__name__}")
+            raise CorruptStoreError(f"header is a JSON {type(header).__name__}")
         int(header["seq"])
         arrays: dict[str, np.ndarray] = {}
         for name, dtype, shape, off, nbytes in header["arrays"]:
             dt = np.dtype(str(dtype))
             if dt.kind not in "biuf":
-                raise TypeError(f"array {name!r} has dtype {dt}")
+                raise CorruptStoreError(f"array {name!r} has dtype {dt}")
             count = int(np.prod([int(d) for d in shape], dtype=np.int64))
             if count * dt.itemsize != nbytes or not 0 <= int(off) <= len(payload) - nbytes:
-                raise ValueError(f"array {name!r}: {count} x {dt} at byte {off} does not fit {nbytes} bytes "
+                raise CorruptStoreError(f"array {name!r}: {count} x {dt} at byte {off} does not fit {nbytes} bytes "
                                  f"of a {len(payload)}-byte payload")
             if read_arrays:
                 a = np.frombuffer(payload, dtype=dt, count=count, offset=int(off))

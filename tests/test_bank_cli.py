@@ -10,27 +10,15 @@ import pytest
 
 from carls_dask.cli import main
 from carls_dask.storage.snapshots import (
-    begin_snapshot,
-    commit_snapshot,
     list_snapshots,
     read_manifest,
     read_snapshot,
-    write_shard,
 )
-from tests.storage.states import TABLE_SPEC, make_states, sort_by_key
-
-
-def _store(root: pathlib.Path, versions: int = 1) -> None:
-    for v in range(versions):
-        h = begin_snapshot(root, 10 * (v + 1))
-        states = make_states(300, n_shards=2, seed=v)
-        for st in states:
-            write_shard(h, st, delta_seq=0)
-        commit_snapshot(h, {"n_shards": 2, "tables": {"nodes": TABLE_SPEC}})
+from tests.storage.states import nodes_store, sort_by_key
 
 
 def test_inspect_and_snapshots(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _store(tmp_path, versions=2)
+    nodes_store(tmp_path, versions=2)
     assert main(["bank", "inspect", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"bank store {tmp_path}: 2 snapshot(s)" in out
@@ -54,7 +42,7 @@ def test_inspect_and_snapshots(tmp_path: pathlib.Path, capsys: pytest.CaptureFix
 
 
 def test_prune_and_errors(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _store(tmp_path, versions=3)
+    nodes_store(tmp_path, versions=3)
     assert main(["bank", "prune", str(tmp_path), "--keep", "1"]) == 0
     assert "removed versions [1, 2]; kept [3]" in capsys.readouterr().out
     assert [e["version"] for e in list_snapshots(tmp_path)] == [3]

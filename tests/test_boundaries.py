@@ -22,8 +22,7 @@ from hypothesis import strategies as st
 
 from carls_dask.bank import Column, KnowledgeBank, ShardCore, TableSpec
 from carls_dask.errors import CarlsError
-from tests.bank.banks import assert_same_state, bank_state
-from tests.bank.test_bank_core import states_equal
+from tests.bank.banks import assert_same_state, bank_state, states_equal
 
 COUNTS: collections.Counter[str] = collections.Counter()
 REPO = pathlib.Path(__file__).resolve().parents[1]

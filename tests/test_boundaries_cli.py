@@ -27,7 +27,7 @@ from carls_dask.storage.bankview import open_bank
 from carls_dask.storage.deltalog import replay
 from carls_dask.storage.snapshots import read_snapshot
 from tests.processes import CARLS_DASK, console_env
-from tests.test_bank_cli import _store
+from tests.storage.states import nodes_store
 
 COUNTS: collections.Counter[str] = collections.Counter()
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def record_counts(artifacts_dir: pathlib.Path) -> Iterator[None]:
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     root = tmp_path_factory.mktemp("store") / "bank"
     root.mkdir()
-    _store(root, versions=2)
+    nodes_store(root, versions=2)
     return root
 
 

@@ -1,29 +1,24 @@
-"""The import graph of ``carls_dask``, read from the source: no cycle, and the layers of DESIGN.md.
+"""The import graph of ``carls_dask``, read from the source: no cycle, and the layers of docs/architecture.md.
 
 Every ``import`` and ``from ... import`` of a ``carls_dask`` module counts, at module level and inside
 functions alike (a function-level import is still a dependency, and a cycle through one only waits for
 the first call). Modules are found through ``[tool.setuptools] package-dir`` in pyproject.toml, as the
-installed package maps them. The layers:
-
-- ``carls_dask.storage`` (persistence) imports nothing of carls_dask but ``carls_dask.errors`` and
-  ``carls_dask.config``;
-- ``carls_dask.dashboards`` reads what runs write: it imports storage, errors, config, the package root
-  and, for a live connection, the public ``carls_dask.bank`` and ``carls_dask.runtime`` packages, never
-  their modules, and no paradigm;
-- the system (``carls_dask`` outside storage, paradigms and dashboards) imports no paradigm.
+installed package maps them. The layers and what each may import are the table under "## Layers" in
+docs/architecture.md, read here: the page is the rule, this test its enforcement.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import pathlib
-import tomllib
+import re
 from collections.abc import Iterable, Mapping
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests.sources import ROOT, package_modules
 
-STORAGE, PARADIGMS, DASHBOARDS = "carls_dask.storage", "carls_dask.paradigms", "carls_dask.dashboards"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,20 +28,6 @@ class Edge:
     source: str
     target: str
     where: str
-
-
-def package_modules(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
-    """Every module of the installed package by dotted name, found through pyproject.toml's package-dir."""
-    tool = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    out: dict[str, pathlib.Path] = {}
-    for package, folder in tool["package-dir"].items():
-        base = root / folder
-        for path in sorted(base.rglob("*.py")):
-            parts = list(path.relative_to(base).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            out[".".join([package, *parts])] = path
-    return out
 
 
 def import_edges(modules: Mapping[str, pathlib.Path], root: pathlib.Path = ROOT, prefix: str = "carls_dask") -> list[Edge]:
@@ -130,30 +111,79 @@ def cycles(edges: Iterable[tuple[str, str]]) -> list[list[str]]:
     return sorted(found)
 
 
-def _layer(module: str) -> str:
-    for layer in (STORAGE, PARADIGMS, DASHBOARDS):
-        if module == layer or module.startswith(layer + "."):
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """A row of the page's layer table: its modules and what it may import besides its own modules.
+
+    ``modules`` and the module entries of ``allowed`` are exact module names or ``package.*`` (the
+    package and every module below it); the other entries of ``allowed`` name whole layers.
+    """
+
+    name: str
+    modules: tuple[str, ...]
+    allowed: tuple[str, ...]
+
+
+def layers_of(page: str) -> list[Layer]:
+    """The rows of the table under ``## Layers`` in ``page`` (columns: layer, modules, may import)."""
+    section = page.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")][2:]  # after the header and its rule
+    out = []
+    for row in rows:
+        name, modules, allowed = (cell.strip() for cell in row.strip().strip("|").split("|"))
+        out.append(Layer(name, tuple(re.findall(r"`([^`]+)`", modules)),
+                         tuple(item.strip().strip("`") for item in allowed.split(","))))
+    return out
+
+
+@functools.cache
+def _layers() -> tuple[Layer, ...]:
+    return tuple(layers_of(ARCHITECTURE.read_text()))
+
+
+def _matches(module: str, pattern: str) -> bool:
+    if pattern.endswith(".*"):
+        package = pattern[:-2]
+        return module == package or module.startswith(package + ".")
+    return module == pattern
+
+
+def _layer(module: str, layers: Iterable[Layer] | None = None) -> Layer:
+    """The layer of ``module``: the row naming it exactly, else the one whose package holds it most closely."""
+    rows = list(_layers() if layers is None else layers)
+    for layer in rows:
+        if module in layer.modules:
             return layer
-    return "system"
+    best = max(((len(p), layer) for layer in rows for p in layer.modules if p.endswith(".*") and _matches(module, p)),
+               key=lambda t: t[0], default=None)
+    assert best is not None, f"{module} is in no layer of {ARCHITECTURE.name}"
+    return best[1]
 
 
-def _refused(edge: Edge) -> str | None:
+def _refused(edge: Edge, layers: Iterable[Layer] | None = None) -> str | None:
     """Why ``edge`` crosses a layer it must not, or ``None``."""
-    source, target = _layer(edge.source), _layer(edge.target)
+    rows = list(_layers() if layers is None else layers)
+    names = {layer.name for layer in rows}
+    source, target = _layer(edge.source, rows), _layer(edge.target, rows)
     if source == target:
         return None
-    if source == STORAGE and edge.target not in ("carls_dask.errors", "carls_dask.config"):
-        return "storage imports nothing of carls_dask but carls_dask.errors and carls_dask.config"
-    if source == DASHBOARDS:
-        allowed = ("carls_dask", "carls_dask.errors", "carls_dask.config", "carls_dask.bank", "carls_dask.runtime")
-        if target == PARADIGMS:
-            return "the dashboards import no paradigm"
-        if target == "system" and edge.target not in allowed:
-            return ("the dashboards read storage; of the system they import only the package root, errors, config "
-                    "and the public carls_dask.bank and carls_dask.runtime packages")
-    if source == "system" and target == PARADIGMS:
-        return "the system imports no paradigm (paradigms register through entry points)"
-    return None
+    for item in source.allowed:
+        if (item == target.name) if item in names else _matches(edge.target, item):
+            return None
+    return f"the {source.name} layer may import only {', '.join(source.allowed)} ({ARCHITECTURE.name})"
+
+
+def test_the_architecture_page_names_the_layers() -> None:
+    layers = _layers()
+    assert [layer.name for layer in layers] == ["storage", "system", "paradigms", "dashboards", "entry points"]
+    names = {layer.name for layer in layers}
+    for layer in layers:
+        for item in layer.allowed:  # every entry names a layer or a module of the package
+            assert item in names or any(_matches(m, item) for m in package_modules()), (layer.name, item)
+    by_layer = {layer.name: [m for m in package_modules() if _layer(m) == layer] for layer in layers}
+    assert "carls_dask.bank.core" in by_layer["system"] and "carls_dask.errors" in by_layer["system"]
+    assert "carls_dask.storage.snapshots" in by_layer["storage"]
+    assert by_layer["entry points"] == ["carls_dask", "carls_dask.cli", "carls_dask.dashboard_cli"]
 
 
 def test_the_package_has_no_import_cycle() -> None:
@@ -168,7 +198,7 @@ def test_the_package_has_no_import_cycle() -> None:
     assert not found, "import cycles:\n" + "\n".join(described)
 
 
-def test_each_layer_imports_only_what_design_md_allows() -> None:
+def test_each_layer_imports_only_what_the_architecture_page_allows() -> None:
     refused = [f"{e.where}: {e.source} imports {e.target} ({why})" for e in import_edges(package_modules())
                if (why := _refused(e)) is not None]
     assert not refused, "imports across layers:\n" + "\n".join(refused)
@@ -198,3 +228,23 @@ def test_the_checks_see_function_level_imports_cycles_and_crossings(tmp_path: pa
     assert _refused(Edge("carls_dask.dashboards.x", "carls_dask.paradigms.curriculum", "")) is not None
     assert _refused(Edge("carls_dask.runtime.runner", "carls_dask.paradigms.data.graphs", "")) is not None
     assert _refused(Edge("carls_dask.dashboards.x", "carls_dask.storage.metrics", "")) is None
+    assert _refused(Edge("carls_dask.runtime.runner", "carls_dask.dashboards.runs", "")) is not None
+    assert _refused(Edge("carls_dask.dashboard_cli", "carls_dask.dashboards.runs", "")) is None
+    assert _refused(Edge("carls_dask.paradigms.curriculum.loops", "carls_dask.dashboards.views", "")) is not None
+    assert _refused(Edge("carls_dask.paradigms.curriculum.loops", "carls_dask.nn.embedding", "")) is None
+
+
+def test_test_modules_share_helpers_through_helper_modules() -> None:
+    """No test module imports another test module or a conftest: what tests share lives in a helper module
+    (``tests/processes.py``, ``tests/bank/banks.py``, ``tests/ui/browser.py``, ...) and fixtures in conftest files."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+                     if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                last = name.rpartition(".")[2]
+                if name.startswith("tests.") and (last.startswith("test_") or last == "conftest"):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert not found, "test modules importing test modules or conftest files:\n" + "\n".join(found)

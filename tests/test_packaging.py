@@ -43,6 +43,28 @@ def _run(cmd: list[str], cwd: pathlib.Path, timeout: float = 300, env: dict[str,
     return proc.stdout if status == 0 else proc.stdout + proc.stderr
 
 
+def _run_together(cmds: dict[str, list[str]], cwd: pathlib.Path, env: dict[str, str], status: dict[str, int],
+                  timeout: float = 300) -> dict[str, str]:
+    """Run independent commands at the same time (each waits mostly on its own imports); assert each exits with
+    its ``status`` (default 0); returns each one's output as :func:`_run` does."""
+    procs = {name: subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, cmd in cmds.items()}
+    out = {}
+    try:
+        for name, proc in procs.items():
+            stdout, stderr = proc.communicate(timeout=timeout)
+            want = status.get(name, 0)
+            assert proc.returncode == want, (f"{cmds[name]} exited {proc.returncode}, expected {want}:\n"
+                                             f"{stdout[-3000:]}\n{stderr[-3000:]}")
+            out[name] = stdout if want == 0 else stdout + stderr
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return out
+
+
 def _folder_hash(path: pathlib.Path) -> str:
     h = hashlib.sha256()
     for p in sorted(path.rglob("*")):
@@ -158,8 +180,6 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: pathlib.Path) -> No
     # as a user's shell gives it: no PYTHONPATH, no virtual environment, no data location
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "CARLS_DATA_DIR")
            and not k.startswith("DASK_CARLS__DATA")}
-    help_text = _run([str(env_dir / "bin" / "carls-dask"), "--help"], cwd=work, env=env)
-    assert "run" in help_text and "bank" in help_text
     script = textwrap.dedent(
         """
         import importlib.util, pathlib
@@ -189,16 +209,19 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: pathlib.Path) -> No
         print("ok", str(where))
         """
     )
-    out = _run([str(py), "-c", script], cwd=work, env=env)
-    assert out.startswith("ok ") and str(env_dir) in out, out
-
-    # the commands a user runs, from this folder outside the checkout
+    # the commands a user runs, from this folder outside the checkout; these four do not depend on each other
     carls = str(env_dir / "bin" / "carls-dask")
-    bench = _run([carls, "bench", "--list"], cwd=work, env=env, status=1)
-    assert "the benchmark scripts are in the carls-dask source repository" in bench, bench
-    # no data location configured: an installed package names the setting, and writes nothing
-    said = _run([carls, "demo", "--steps", "30", "--run-dir", "demo"], cwd=work, env=env, status=1)
-    assert "set carls.data.dir (or the environment variable CARLS_DATA_DIR) to it" in said, said
+    outs = _run_together({
+        "help": [carls, "--help"],
+        "script": [str(py), "-c", script],
+        "bench": [carls, "bench", "--list"],
+        # no data location configured: an installed package names the setting, and writes nothing
+        "demo": [carls, "demo", "--steps", "30", "--run-dir", "demo"],
+    }, cwd=work, env=env, status={"bench": 1, "demo": 1})
+    assert "run" in outs["help"] and "bank" in outs["help"]
+    assert outs["script"].startswith("ok ") and str(env_dir) in outs["script"], outs["script"]
+    assert "the benchmark scripts are in the carls-dask source repository" in outs["bench"], outs["bench"]
+    assert "set carls.data.dir (or the environment variable CARLS_DATA_DIR) to it" in outs["demo"], outs["demo"]
     assert not (work / "demo").exists()
     from carls_dask.paradigms.data.planetoid import find_data_dir
 
@@ -221,6 +244,9 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: pathlib.Path) -> No
     with log.open("wb") as out_file:
         server = subprocess.Popen([*shlex.split(printed["dashboard"]), "--port", str(port)], cwd=work, env=env,
                                   stdout=out_file, stderr=subprocess.STDOUT, start_new_session=True)
+    # the report reads the same run folder while the server starts
+    report_proc = subprocess.Popen([carls, "report", "demo", "-o", "demo/report.html"], cwd=work, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         answers: list[int] = []
 
@@ -235,10 +261,13 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: pathlib.Path) -> No
 
         wait_for(page, "the dashboard's /app page", 300)
         assert answers[-1] == 200
+        report, report_err = report_proc.communicate(timeout=600)
     finally:
         stop_process(server, group=True)
-
-    report = _run([carls, "report", "demo", "-o", "demo/report.html"], cwd=work, env=env, timeout=600)
+        if report_proc.poll() is None:
+            report_proc.kill()
+            report_proc.wait()
+    assert report_proc.returncode == 0, f"carls-dask report exited {report_proc.returncode}: {report_err[-3000:]}"
     assert "carls-dask report: wrote demo/report.html" in report and (run / "report.html").stat().st_size > 100_000
 
     before = _folder_hash(run)

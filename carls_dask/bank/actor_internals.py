@@ -35,7 +35,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from carls_dask.errors import CarlsError, DeadlineExceeded, ShardLostError
+from carls_dask.errors import CarlsError, DeadlineExceeded, ShardLostError, ShardUnreachableError
 
 __all__ = [
     "LOST_TEXT",
@@ -167,7 +167,7 @@ async def execute(handle: Any, method: str, args: tuple[Any, ...], kwargs: Mappi
             if future is not None and not future.done():
                 await future
                 continue
-            raise OSError(_UNREACHABLE_TEXT) from None
+            raise ShardUnreachableError(_UNREACHABLE_TEXT) from None
         if result["status"] == "OK":
             return result["result"]
         raise result["exception"]

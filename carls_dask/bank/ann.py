@@ -66,11 +66,11 @@ class AnnSettings:
         for name, lo in (("nlist", 0), ("nprobe", 1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < lo:
-                raise ValueError(f"AnnSettings.{name} must be an int >= {lo}, got {v!r}")
+                raise ConfigError(f"AnnSettings.{name} must be an int >= {lo}, got {v!r}")
         for name in ("retrain_growth", "pending_fraction"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"AnnSettings.{name} must be a finite number > 0, got {v!r}")
+                raise ConfigError(f"AnnSettings.{name} must be a finite number > 0, got {v!r}")
 
 
 def _prepare(e: np.ndarray, ks: np.ndarray, metric: str) -> tuple[np.ndarray, np.ndarray]:

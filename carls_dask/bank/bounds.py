@@ -40,6 +40,7 @@ import numpy as np
 
 from carls_dask.bank.hashing import mix_seed, splitmix64
 from carls_dask.bank.schema import EVICTIONS, TableSpec, check_keys
+from carls_dask.errors import ConfigError, InvalidBatchError
 
 __all__ = [
     "LOW_WATER",
@@ -83,9 +84,9 @@ class CountMinSketch:
 
     def __init__(self, width: int, depth: int, seed: int = 0) -> None:
         if width < 1 or width & (width - 1):
-            raise ValueError(f"CountMinSketch width must be a power of two >= 1, got {width!r}")
+            raise ConfigError(f"CountMinSketch width must be a power of two >= 1, got {width!r}")
         if depth < 1:
-            raise ValueError(f"CountMinSketch depth must be >= 1, got {depth!r}")
+            raise ConfigError(f"CountMinSketch depth must be >= 1, got {depth!r}")
         self.width = int(width)
         self.depth = int(depth)
         self.counts = np.zeros((self.depth, self.width), dtype=np.int32)
@@ -125,7 +126,7 @@ class CountMinSketch:
         if k.size == 0:
             return np.zeros(0, dtype=np.int64)
         if (c < 0).any():
-            raise ValueError("CountMinSketch.add: counts must be >= 0")
+            raise InvalidBatchError("CountMinSketch.add: counts must be >= 0")
         inverse = None
         if not assume_unique:
             k, inverse = np.unique(k, return_inverse=True)
@@ -158,7 +159,7 @@ def victim_scores(policy: str, frequency: np.ndarray, wall_time: np.ndarray) -> 
         return frequency.astype(np.float64)
     if policy in ("lru", "oldest"):
         return np.array(wall_time, dtype=np.float64)
-    raise ValueError(f"eviction policy {policy!r} is not one of {EVICTIONS}")
+    raise ConfigError(f"eviction policy {policy!r} is not one of {EVICTIONS}")
 
 
 def choose_victims(scores: np.ndarray, keys: np.ndarray, n_evict: int,

@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from carls_dask.errors import InvalidBatchError
+from carls_dask.errors import InvalidArgumentError
 
 __all__ = ["BATCH", "Failed", "ShardCall", "fuse", "new_op_id", "payload_bytes", "stamp_op_ids", "unfuse"]
 
@@ -65,7 +65,7 @@ class ShardCall:
 
     def __post_init__(self) -> None:
         if self.op_id is not None and not self.mutating:
-            raise InvalidBatchError(f"ShardCall {self.method!r} to shard {self.shard}: op_id={self.op_id} on a call "
+            raise InvalidArgumentError(f"ShardCall {self.method!r} to shard {self.shard}: op_id={self.op_id} on a call "
                                     "that is not mutating; expected op_id=None")
 
     @property

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from carls_dask.errors import ConfigError
+
 __all__ = ["CHANGE_METRICS", "ChangeBatch", "ChangeCursor", "ChangeFeed", "ChangeWatch"]
 
 #: Distances a change feed measures a row's move with.
@@ -54,12 +56,12 @@ class ChangeWatch:
 
     def __post_init__(self) -> None:
         if not isinstance(self.column, str) or not self.column:
-            raise ValueError(f"ChangeWatch column must be a non-empty string, got {self.column!r}")
+            raise ConfigError(f"ChangeWatch column must be a non-empty string, got {self.column!r}")
         if self.metric not in CHANGE_METRICS:
-            raise ValueError(f"ChangeWatch {self.column!r}: metric {self.metric!r} is not one of {CHANGE_METRICS}")
+            raise ConfigError(f"ChangeWatch {self.column!r}: metric {self.metric!r} is not one of {CHANGE_METRICS}")
         t = self.threshold
         if isinstance(t, bool) or not isinstance(t, int | float | np.floating | np.integer) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"ChangeWatch {self.column!r}: threshold must be a finite number >= 0, got {t!r}")
+            raise ConfigError(f"ChangeWatch {self.column!r}: threshold must be a finite number >= 0, got {t!r}")
         object.__setattr__(self, "threshold", float(t))
 
     def to_json(self) -> dict[str, object]:
@@ -74,7 +76,7 @@ class ChangeWatch:
         if isinstance(data, ChangeWatch):
             return data
         if not isinstance(data, dict):
-            raise ValueError(f"ChangeWatch: expected a column name or a mapping, got {data!r}")
+            raise ConfigError(f"ChangeWatch: expected a column name or a mapping, got {data!r}")
         return cls(str(data["column"]), str(data.get("metric", "l2")), data.get("threshold", 0.0))
 
 

@@ -323,8 +323,7 @@ class BankBatch:
         if exc_type is None:
             self.send()
             for _, fut in self._plans:  # the first error of an operation, as a direct call would raise it
-                if fut.exception() is not None:
-                    raise fut.exception()  # type: ignore[misc]
+                fut.result()
 
 
 class KnowledgeBank:

@@ -54,6 +54,7 @@ from carls_dask.bank.shard_sampler import (
 )
 from carls_dask.bank.topk import exact_top_k
 from carls_dask.errors import (
+    ConfigError,
     IncompatibleStoreError,
     InvalidBatchError,
     InvalidDTypeError,
@@ -355,7 +356,7 @@ class ShardCore:
         ann: AnnSettings | None = None,
     ) -> None:
         if not tables:
-            raise ValueError("a shard needs at least one table")
+            raise ConfigError("a shard needs at least one table")
         self.shard = int(shard)
         self.n_shards = int(n_shards)
         self.buckets = int(buckets)
@@ -364,7 +365,7 @@ class ShardCore:
         else:
             owned = np.unique(np.asarray(owned_buckets, dtype=np.int64))
             if owned.size and (owned.min() < 0 or owned.max() >= self.buckets):
-                raise ValueError(f"owned buckets must lie in [0, {self.buckets}), got [{owned.min()}, {owned.max()}]")
+                raise ConfigError(f"owned buckets must lie in [0, {self.buckets}), got [{owned.min()}, {owned.max()}]")
         self.owned_buckets = owned.astype(np.int64)
         self._owned_mask = np.zeros(self.buckets, dtype=bool)
         self._owned_mask[self.owned_buckets] = True
@@ -383,9 +384,9 @@ class ShardCore:
         self._ann: dict[tuple[str, str, str], AnnIndex] = {}
         for spec in tables:
             if not spec.is_resolved:
-                raise ValueError(f"table {spec.name!r}: the spec must be resolved before a shard holds it")
+                raise ConfigError(f"table {spec.name!r}: the spec must be resolved before a shard holds it")
             if spec.name in self.tables:
-                raise ValueError(f"duplicate table name {spec.name!r}")
+                raise ConfigError(f"duplicate table name {spec.name!r}")
             self.tables[spec.name] = TableState(spec, self.initial_capacity)
         #: Bounds of the bounded tables (row cap, admission, TTL; see :mod:`carls_dask.bank.bounds`).
         self.bounds: dict[str, TableBounds] = {

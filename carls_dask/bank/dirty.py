@@ -23,6 +23,8 @@ import logging
 
 import numpy as np
 
+from carls_dask.errors import LifecycleError
+
 __all__ = ["DirtyRows"]
 
 logger = logging.getLogger(__name__)
@@ -112,7 +114,7 @@ class DirtyRows:
     def freeze(self) -> None:
         """Move the current marks to pending (a snapshot starts); refuses while others are pending."""
         if self.pending is not None:
-            raise RuntimeError("change marks: a snapshot's marks are still pending; commit or roll them back first")
+            raise LifecycleError("change marks: a snapshot's marks are still pending; commit or roll them back first")
         self.pending = self.marks
         self._pending_deleted = self._deleted
         self.marks = np.zeros(self.pending.shape[0], dtype=bool)

@@ -17,6 +17,7 @@ import numpy as np
 
 from carls_dask.bank.hashing import normal_from_keys, uniform_from_keys
 from carls_dask.bank.jit import numba
+from carls_dask.errors import ConfigError
 
 __all__ = ["initial_block"]
 
@@ -69,7 +70,7 @@ def initial_block(kind: str, keys: np.ndarray, seed: int, shape: tuple[int, ...]
         Where to write the values (``[n, *shape]`` of ``dtype``, C-contiguous); a new array when None.
     """
     if kind not in ("normal", "uniform"):
-        raise ValueError(f"initial_block: kind must be 'normal' or 'uniform', got {kind!r}")
+        raise ConfigError(f"initial_block: kind must be 'normal' or 'uniform', got {kind!r}")
     k = np.ascontiguousarray(keys, dtype=np.int64)
     width = max(1, math.prod(shape))
     dt = np.dtype(dtype)

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.errors import ConfigError, InvalidDTypeError
+
 __all__ = ["STEP_SLOT", "apply_optimizer", "compute_dtype", "initial_slots", "slot_names"]
 
 #: Name of Adam's per-row update counter (``int64``, one value per row).
@@ -37,7 +39,7 @@ def compute_dtype(dtype: Any) -> np.dtype[Any]:
     """
     dt = np.dtype(dtype)
     if dt.kind != "f":
-        raise TypeError(f"optimizers need a float column, got {dt}")
+        raise InvalidDTypeError(f"optimizers need a float column, got {dt}")
     return np.promote_types(dt, np.float32)
 
 
@@ -133,4 +135,4 @@ def apply_optimizer(
         lr_t = (float(learning_rate) * corr).astype(dt).reshape((-1,) + (1,) * (w.ndim - 1))
         new_w = w - lr_t * m / (np.sqrt(v) + dt.type(epsilon))
         return new_w.astype(weights.dtype, copy=False), {"m": m, "v": v, STEP_SLOT: t}
-    raise ValueError(f"unknown optimizer {optimizer!r}; expected sgd, adagrad or adam")
+    raise ConfigError(f"unknown optimizer {optimizer!r}; expected sgd, adagrad or adam")

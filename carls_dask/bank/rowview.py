@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.errors import InvalidArgumentError, RowIndexError
+
 __all__ = ["RowView", "live_rows"]
 
 
@@ -29,7 +31,7 @@ class RowView:
 
     def __init__(self, store: Any, n: int) -> None:
         if int(n) > int(store.shape[0]):
-            raise ValueError(f"row view: {n} rows asked of a store of {store.shape[0]}; expected at most that many")
+            raise InvalidArgumentError(f"row view: {n} rows asked of a store of {store.shape[0]}; expected at most that many")
         self.store = store
         self.n = int(n)
         self.dtype = np.dtype(store.dtype)
@@ -43,11 +45,11 @@ class RowView:
         if isinstance(sel, slice):
             start, stop, step = sel.indices(self.n)
             if step != 1:
-                raise ValueError(f"row view: slice step {step}; expected 1")
+                raise InvalidArgumentError(f"row view: slice step {step}; expected 1")
             return np.asarray(self.store[start:stop])
         rows = np.asarray(sel)
         if rows.size and (rows.min() < 0 or rows.max() >= self.n):
-            raise IndexError(f"row view: rows in [{rows.min()}, {rows.max()}]; expected [0, {self.n})")
+            raise RowIndexError(f"row view: rows in [{rows.min()}, {rows.max()}]; expected [0, {self.n})")
         return np.asarray(self.store[rows])
 
     def take(self, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

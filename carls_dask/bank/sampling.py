@@ -15,7 +15,7 @@ import dataclasses
 
 import numpy as np
 
-from carls_dask.errors import InvalidBatchError
+from carls_dask.errors import ConfigError, InvalidBatchError
 
 __all__ = ["SAMPLERS", "NegativeSample", "candidate_probabilities", "order_by_frequency", "sample_candidates"]
 
@@ -58,7 +58,7 @@ def candidate_probabilities(sampler: str, n_candidates: int, ranks: np.ndarray) 
         return np.full(ranks.shape, 1.0 / n_candidates)
     if sampler == "log_uniform":
         return (np.log(ranks + 2.0) - np.log(ranks + 1.0)) / np.log(n_candidates + 1.0)
-    raise ValueError(f"unknown sampler {sampler!r}; expected one of {SAMPLERS}")
+    raise ConfigError(f"unknown sampler {sampler!r}; expected one of {SAMPLERS}")
 
 
 def _unique_expected(num_tries: int, p: np.ndarray) -> np.ndarray:

@@ -100,7 +100,7 @@ class Column:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
-            raise ValueError(f"Column name must be a non-empty string without '/', got {self.name!r}")
+            raise ConfigError(f"Column name must be a non-empty string without '/', got {self.name!r}")
         dt = np.dtype(self.dtype)
         if dt.name not in _ALLOWED_DTYPES:
             raise InvalidDTypeError(
@@ -120,7 +120,7 @@ class Column:
             )
         object.__setattr__(self, "dims", dims)
         if self.initializer is not None and self.initializer not in INITIALIZERS:
-            raise ValueError(
+            raise ConfigError(
                 f"column {self.name!r}: initializer {self.initializer!r} is not one of {INITIALIZERS}"
             )
 
@@ -237,24 +237,24 @@ class TableSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
-            raise ValueError(f"TableSpec name must be a non-empty string without '/', got {self.name!r}")
+            raise ConfigError(f"TableSpec name must be a non-empty string without '/', got {self.name!r}")
         cols = tuple(self.columns)
         if not cols:
-            raise ValueError(f"table {self.name!r}: at least one column is required")
+            raise ConfigError(f"table {self.name!r}: at least one column is required")
         names = [c.name for c in cols]
         if len(set(names)) != len(names):
-            raise ValueError(f"table {self.name!r}: duplicate column names in {names}")
+            raise ConfigError(f"table {self.name!r}: duplicate column names in {names}")
         object.__setattr__(self, "columns", cols)
         if self.optimizer not in (None, "default", *OPTIMIZERS):
-            raise ValueError(f"table {self.name!r}: optimizer {self.optimizer!r} is not one of {OPTIMIZERS} or None")
+            raise ConfigError(f"table {self.name!r}: optimizer {self.optimizer!r} is not one of {OPTIMIZERS} or None")
         if self.initializer is not None and self.initializer not in INITIALIZERS:
-            raise ValueError(f"table {self.name!r}: initializer {self.initializer!r} is not one of {INITIALIZERS}")
+            raise ConfigError(f"table {self.name!r}: initializer {self.initializer!r} is not one of {INITIALIZERS}")
         if self.learning_rate is not None and not (self.learning_rate > 0):
-            raise ValueError(f"table {self.name!r}: learning_rate must be > 0, got {self.learning_rate!r}")
+            raise ConfigError(f"table {self.name!r}: learning_rate must be > 0, got {self.learning_rate!r}")
         if self.init_scale is not None and not (self.init_scale >= 0):
-            raise ValueError(f"table {self.name!r}: init_scale must be >= 0, got {self.init_scale!r}")
+            raise ConfigError(f"table {self.name!r}: init_scale must be >= 0, got {self.init_scale!r}")
         if not (self.adagrad_initial_accumulator > 0):
-            raise ValueError(
+            raise ConfigError(
                 f"table {self.name!r}: adagrad_initial_accumulator must be > 0, got {self.adagrad_initial_accumulator!r}"
             )
         object.__setattr__(self, "adam_betas", tuple(float(b) for b in self.adam_betas))
@@ -267,21 +267,21 @@ class TableSpec:
     def _check_watch(self) -> None:
         """Validate :attr:`watch`: float columns of this table, each watched once."""
         if isinstance(self.watch, str | ChangeWatch | dict):
-            raise ValueError(f"table {self.name!r}: watch must be a sequence of ChangeWatch or column names, got {self.watch!r}")
+            raise ConfigError(f"table {self.name!r}: watch must be a sequence of ChangeWatch or column names, got {self.watch!r}")
         try:
             watches = tuple(ChangeWatch.from_json(w) for w in self.watch)
         except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"table {self.name!r}: watch {self.watch!r}: {exc}") from None
+            raise ConfigError(f"table {self.name!r}: watch {self.watch!r}: {exc}") from None
         names = {c.name: c for c in self.columns}
         seen: set[str] = set()
         for w in watches:
             col = names.get(w.column)
             if col is None:
-                raise ValueError(f"table {self.name!r}: watch names column {w.column!r}; the columns are {sorted(names)}")
+                raise ConfigError(f"table {self.name!r}: watch names column {w.column!r}; the columns are {sorted(names)}")
             if np.dtype(col.dtype).kind != "f":
-                raise ValueError(f"table {self.name!r}: watched column {w.column!r} is {col.dtype}; expected a float column")
+                raise ConfigError(f"table {self.name!r}: watched column {w.column!r} is {col.dtype}; expected a float column")
             if w.column in seen:
-                raise ValueError(f"table {self.name!r}: column {w.column!r} is watched twice")
+                raise ConfigError(f"table {self.name!r}: column {w.column!r} is watched twice")
             seen.add(w.column)
         object.__setattr__(self, "watch", watches)
 
@@ -290,7 +290,7 @@ class TableSpec:
         for w in self.watch:
             if w.column == column:
                 return w
-        raise KeyError(f"table {self.name!r}: column {column!r} is not watched; watched: {[w.column for w in self.watch]}")
+        raise UnknownColumnError(f"table {self.name!r}: column {column!r} is not watched; watched: {[w.column for w in self.watch]}")
 
     def _check_bounds(self) -> None:
         """Validate the bounded-table options (``max_rows``, ``eviction``, ``min_frequency``, ``ttl``, sketch)."""
@@ -299,22 +299,22 @@ class TableSpec:
             return not isinstance(v, bool) and isinstance(v, int | np.integer)
 
         if self.max_rows is not None and (not is_int(self.max_rows) or int(self.max_rows) < 1):
-            raise ValueError(f"table {self.name!r}: max_rows must be None or an int >= 1, got {self.max_rows!r}")
+            raise ConfigError(f"table {self.name!r}: max_rows must be None or an int >= 1, got {self.max_rows!r}")
         if self.eviction not in EVICTIONS:
-            raise ValueError(f"table {self.name!r}: eviction {self.eviction!r} is not one of {EVICTIONS}")
+            raise ConfigError(f"table {self.name!r}: eviction {self.eviction!r} is not one of {EVICTIONS}")
         if not is_int(self.min_frequency) or int(self.min_frequency) < 1:
-            raise ValueError(f"table {self.name!r}: min_frequency must be an int >= 1, got {self.min_frequency!r}")
+            raise ConfigError(f"table {self.name!r}: min_frequency must be an int >= 1, got {self.min_frequency!r}")
         if self.ttl is not None:
             ok = not isinstance(self.ttl, bool) and isinstance(self.ttl, int | float | np.integer | np.floating)
             if not ok or not math.isfinite(float(self.ttl)) or float(self.ttl) <= 0:
-                raise ValueError(f"table {self.name!r}: ttl must be None or a finite number of seconds > 0, "
+                raise ConfigError(f"table {self.name!r}: ttl must be None or a finite number of seconds > 0, "
                                  f"got {self.ttl!r}")
             object.__setattr__(self, "ttl", float(self.ttl))
         w = self.sketch_width
         if not is_int(w) or int(w) < 64 or int(w) & (int(w) - 1):
-            raise ValueError(f"table {self.name!r}: sketch_width must be a power of two >= 64, got {w!r}")
+            raise ConfigError(f"table {self.name!r}: sketch_width must be a power of two >= 64, got {w!r}")
         if not is_int(self.sketch_depth) or not 1 <= int(self.sketch_depth) <= 16:
-            raise ValueError(f"table {self.name!r}: sketch_depth must be an int in [1, 16], got {self.sketch_depth!r}")
+            raise ConfigError(f"table {self.name!r}: sketch_depth must be an int in [1, 16], got {self.sketch_depth!r}")
         for name in ("max_rows", "min_frequency", "sketch_width", "sketch_depth"):
             v = getattr(self, name)
             if v is not None:

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.errors import ArgumentTypeError, ConfigError, InvalidShapeError, RowIndexError
+
 __all__ = ["SEGMENT_BYTES", "SegmentedArray", "segment_rows_for"]
 
 #: Target bytes of one segment (the largest power-of-two row count within it is used).
@@ -154,7 +156,7 @@ class SegmentedArray:
         row_bytes = self.width * self.dtype.itemsize
         seg = segment_rows_for(row_bytes) if segment_rows is None else int(segment_rows)
         if seg < 1 or seg & (seg - 1):
-            raise ValueError(f"SegmentedArray: segment_rows must be a power of two >= 1, got {segment_rows!r}")
+            raise ConfigError(f"SegmentedArray: segment_rows must be a power of two >= 1, got {segment_rows!r}")
         self.segment_rows = seg
         self._shift = seg.bit_length() - 1
         self._mask = seg - 1
@@ -193,7 +195,7 @@ class SegmentedArray:
                 f"segments={len(self._segments)})")
 
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
-        raise TypeError("SegmentedArray is not a numpy array: read rows with a[rows], a[i:j] or a.take(rows)")
+        raise ArgumentTypeError("SegmentedArray is not a numpy array: read rows with a[rows], a[i:j] or a.take(rows)")
 
     # -- growth -------------------------------------------------------------------------------------
     def reserve(self, rows: int) -> None:
@@ -249,16 +251,16 @@ class SegmentedArray:
         rows = np.asarray(key)
         if rows.dtype == bool:
             if rows.shape != (self._cap,):
-                raise IndexError(f"SegmentedArray: a boolean mask must have shape ({self._cap},), got {rows.shape}")
+                raise RowIndexError(f"SegmentedArray: a boolean mask must have shape ({self._cap},), got {rows.shape}")
             return np.flatnonzero(rows)
         if rows.dtype.kind not in "iu" or rows.ndim != 1:
-            raise IndexError(f"SegmentedArray: rows must be a 1-D integer array, a slice or an int; got "
+            raise RowIndexError(f"SegmentedArray: rows must be a 1-D integer array, a slice or an int; got "
                              f"{rows.dtype} of shape {rows.shape}")
         rows = rows.astype(np.int64, copy=False)
         if rows.size:
             lo, hi = int(rows.min()), int(rows.max())
             if lo < -self._cap or hi >= self._cap:
-                raise IndexError(f"SegmentedArray: row {lo if lo < -self._cap else hi} is out of range for "
+                raise RowIndexError(f"SegmentedArray: row {lo if lo < -self._cap else hi} is out of range for "
                                  f"{self._cap} rows")
             if lo < 0:
                 rows = np.where(rows < 0, rows + self._cap, rows)
@@ -267,7 +269,7 @@ class SegmentedArray:
     def _slice(self, key: slice) -> tuple[int, int]:
         start, stop, step = key.indices(self._cap)
         if step != 1:
-            raise IndexError(f"SegmentedArray: slices must have step 1, got {step}")
+            raise RowIndexError(f"SegmentedArray: slices must have step 1, got {step}")
         return start, max(start, stop)
 
     def _parts(self, start: int, stop: int) -> Iterator[tuple[int, int, np.ndarray]]:
@@ -288,7 +290,7 @@ class SegmentedArray:
         if out is None:
             out = np.empty((n, *self.row_shape), dtype=self.dtype)
         elif out.shape != (n, *self.row_shape) or out.dtype != self.dtype or not out.flags.c_contiguous:
-            raise ValueError(f"SegmentedArray.take: out must be C-contiguous {self.dtype} of shape "
+            raise InvalidShapeError(f"SegmentedArray.take: out must be C-contiguous {self.dtype} of shape "
                              f"{(n, *self.row_shape)}, got {out.dtype} of shape {out.shape}")
         if n == 0 or self._cap == 0:
             return out
@@ -313,7 +315,7 @@ class SegmentedArray:
         if isinstance(key, int | np.integer):
             r = int(key) + (self._cap if int(key) < 0 else 0)
             if not 0 <= r < self._cap:
-                raise IndexError(f"SegmentedArray: row {int(key)} is out of range for {self._cap} rows")
+                raise RowIndexError(f"SegmentedArray: row {int(key)} is out of range for {self._cap} rows")
             return self._segments[r >> self._shift][r & self._mask].copy()
         return self.take(self._rows(key))
 
@@ -353,7 +355,7 @@ class SegmentedArray:
         try:
             v = np.broadcast_to(v, (n, *self.row_shape))
         except ValueError:
-            raise ValueError(f"SegmentedArray: cannot write values of shape {v.shape} into {n} rows of shape "
+            raise InvalidShapeError(f"SegmentedArray: cannot write values of shape {v.shape} into {n} rows of shape "
                              f"{self.row_shape}") from None
         return np.ascontiguousarray(v, dtype=self.dtype)
 

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from carls_dask.bank.sampling import SAMPLERS
-from carls_dask.errors import InvalidBatchError
+from carls_dask.errors import ConfigError, InvalidArgumentError, InvalidBatchError
 
 __all__ = [
     "RankOrder",
@@ -77,7 +77,7 @@ class SamplingSettings:
         for name in ("rebuild_fraction", "rebuild_draws"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v) or v < 0:
-                raise ValueError(f"SamplingSettings.{name} must be a finite number >= 0, got {v!r}")
+                raise ConfigError(f"SamplingSettings.{name} must be a finite number >= 0, got {v!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,7 +330,7 @@ def draw_from_shard(
     # the tail ranks in row order), not rows: what is drawn then does not depend on where the rows sit,
     # so a shard restored from a snapshot (rows laid out by bucket) draws what the shard it replaces drew.
     if order is None:
-        raise ValueError("sampling needs the table's RankOrder")
+        raise InvalidArgumentError("sampling needs the table's RankOrder")
     order.sync(keys, n_rows)
     if order.wants_rebuild(n_rows):
         order.rebuild(keys[:n_rows], frequency[:n_rows])

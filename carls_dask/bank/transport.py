@@ -44,7 +44,12 @@ from carls_dask.bank.actor_internals import (
 )
 from carls_dask.bank.calls import Failed, ShardCall, new_op_id, stamp_op_ids
 from carls_dask.bank.rehoming import adopt_or_rehome, forget_table, rehome_stats
-from carls_dask.errors import DeadlineExceeded, LifecycleError, ShardLostError
+from carls_dask.errors import (
+    ArgumentTypeError,
+    DeadlineExceeded,
+    LifecycleError,
+    ShardLostError,
+)
 
 __all__ = ["DaskTransport", "Failed", "LocalTransport", "ShardCall", "new_op_id", "stamp_op_ids"]
 
@@ -81,7 +86,7 @@ class LocalTransport:
         return bool(self.shards)
 
     def __reduce__(self) -> Any:
-        raise TypeError(f"a bank of {len(self.shards)} in-process shards (KnowledgeBank.local) cannot be pickled; "
+        raise ArgumentTypeError(f"a bank of {len(self.shards)} in-process shards (KnowledgeBank.local) cannot be pickled; "
                         "expected a bank created with KnowledgeBank.create to pass into tasks")
 
     @property
@@ -227,7 +232,7 @@ class DaskTransport:
         try:
             handle = self.table.handles[c.shard]
             if handle_lost(handle):
-                raise RuntimeError(f"{LOST_TEXT}.  Status: {handle._future.status}")
+                raise ShardLostError(f"{LOST_TEXT}.  Status: {handle._future.status}")
             method, args = ("call_on_loop", (c.method, *c.args)) if c.on_loop else (c.method, c.args)
             if not deferred:
                 return send_call(handle, method, args, c.send_kwargs)

@@ -47,7 +47,14 @@ from typing import Any
 
 import numpy as np
 
-from carls_dask.errors import CarlsError, ConfigError, DeadlineExceeded
+from carls_dask.errors import (
+    ConfigError,
+    ConsumerDetached,
+    DeadlineExceeded,
+    LoaderClosed,
+    LoaderError,
+    ProducerLost,
+)
 from carls_dask.storage.fsutil import short_lock
 
 __all__ = [
@@ -81,22 +88,6 @@ _POLL = 0.002
 _POLL_MAX = 0.02
 #: Seconds a wait for the loader's lock may last (holders keep it for microseconds).
 LOCK_TIMEOUT = 30.0
-
-
-class LoaderError(CarlsError, RuntimeError):
-    """A shared loader could not deliver what was asked."""
-
-
-class ProducerLost(LoaderError):
-    """The loader's producer died, stopped beating or failed."""
-
-
-class ConsumerDetached(LoaderError):
-    """This consumer fell ``slots`` epochs behind a faster one and was detached (its epoch was overwritten)."""
-
-
-class LoaderClosed(LoaderError):
-    """The producer closed the loader; no further epochs come."""
 
 
 @dataclasses.dataclass(frozen=True)

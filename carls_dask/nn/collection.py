@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from carls_dask.errors import ConfigError, InvalidBatchError
+from carls_dask.errors import ConfigError, HookNotImplementedError, InvalidBatchError
 from carls_dask.nn.embedding import BankEmbedding, BankEmbeddingBag, BankLayer
 from carls_dask.nn.jagged import JaggedTensor, KeyedTensor, as_jagged_features
 from carls_dask.nn.keys import as_keys
@@ -95,7 +95,7 @@ class _Collection(nn.Module):
         self._at = {c.table: i for i, c in enumerate(self.configs)}
 
     def _layer(self, bank: Any, c: BankTableConfig, **kw: Any) -> BankLayer:
-        raise NotImplementedError
+        raise HookNotImplementedError(f"{type(self).__name__} must implement _layer()")
 
     def layer(self, table: str) -> BankLayer:
         """The layer of ``table``."""

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from carls_dask.errors import HookNotImplementedError
 from carls_dask.runtime.channel import ModelChannelLike
 
 __all__ = ["LoopContext", "LoopResult", "LoopSettings", "MakerRound", "StopControl", "ThreadStop", "pick_device"]
@@ -29,11 +30,11 @@ class StopControl:
 
     def stop_requested(self) -> bool:
         """True once a stop was asked for. Cheap enough to call every step."""
-        raise NotImplementedError
+        raise HookNotImplementedError(f"{type(self).__name__} must implement stop_requested()")
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds``, waking early on a stop; return :meth:`stop_requested`."""
-        raise NotImplementedError
+        raise HookNotImplementedError(f"{type(self).__name__} must implement wait()")
 
 
 class ThreadStop(StopControl):

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from carls_dask.bank.stepprofile import StepProfile
+from carls_dask.errors import ArgumentTypeError
 from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext, LoopResult, MakerRound
 from carls_dask.runtime.maker import KnowledgeMaker
@@ -30,13 +31,13 @@ def _numbers(metrics: Mapping[str, Any] | None, where: str) -> dict[str, float]:
     if metrics is None:
         return {}
     if not isinstance(metrics, Mapping):
-        raise TypeError(f"{where} must return a mapping of names to numbers or None, got {type(metrics).__name__}")
+        raise ArgumentTypeError(f"{where} must return a mapping of names to numbers or None, got {type(metrics).__name__}")
     out: dict[str, float] = {}
     for key, value in metrics.items():
         try:
             out[str(key)] = float(value)
         except (TypeError, ValueError) as exc:
-            raise TypeError(f"{where} returned {key}={value!r}; expected a number") from exc
+            raise ArgumentTypeError(f"{where} returned {key}={value!r}; expected a number") from exc
     return out
 
 
@@ -274,4 +275,4 @@ def run_loop(obj: Trainer | KnowledgeMaker, ctx: LoopContext) -> LoopResult:
         return run_trainer(obj, ctx)
     if isinstance(obj, KnowledgeMaker):
         return run_maker(obj, ctx)
-    raise TypeError(f"expected a Trainer or a KnowledgeMaker, got {type(obj).__name__}")
+    raise ArgumentTypeError(f"expected a Trainer or a KnowledgeMaker, got {type(obj).__name__}")

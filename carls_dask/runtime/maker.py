@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from carls_dask.errors import ConfigError
+from carls_dask.errors import ConfigError, HookNotImplementedError
 from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
 
@@ -59,11 +59,11 @@ class KnowledgeMaker:
 
     def load_model(self, state: Mapping[str, Any], version: ModelVersion) -> None:
         """Load a published state dict (the newest version)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement load_model()")
+        raise HookNotImplementedError(f"{type(self).__name__} must implement load_model()")
 
     def make(self, version: ModelVersion) -> Mapping[str, float] | None:
         """Recompute knowledge with the loaded model and write it; return numbers to report."""
-        raise NotImplementedError(f"{type(self).__name__} must implement make()")
+        raise HookNotImplementedError(f"{type(self).__name__} must implement make()")
 
     def state(self) -> dict[str, Any]:
         """A checkpoint of the maker's own state (most makers have none)."""

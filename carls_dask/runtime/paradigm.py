@@ -24,7 +24,7 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from carls_dask.errors import ConfigError
+from carls_dask.errors import ConfigError, HookNotImplementedError
 from carls_dask.runtime.context import LoopResult
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.settings import describe_settings, get_setting, settings_from_options, settings_values
@@ -133,7 +133,7 @@ class Paradigm:
 
     def loops(self, settings: Any) -> Sequence[Trainer | KnowledgeMaker]:
         """The trainers, then the knowledge makers. The first trainer is the primary one."""
-        raise NotImplementedError(f"{type(self).__name__} must implement loops()")
+        raise HookNotImplementedError(f"{type(self).__name__} must implement loops()")
 
     def initialise(self, bank: Any, settings: Any) -> None:
         """Fill the bank before the loops start (runs as a task on the cluster, or in-process). Default: nothing."""

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from carls_dask import config
-from carls_dask.errors import ConfigError
+from carls_dask.errors import ConfigError, InvalidArgumentError
 
 __all__ = ["AUTO", "BANK", "KINDS", "device_for", "loop_resources", "resources_for", "worker_resources",
            "workers_with"]
@@ -176,7 +176,7 @@ def device_for(slot: int, n_devices: int) -> str:
         For a negative ``slot`` or ``n_devices``.
     """
     if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
-        raise ValueError(f"device_for: slot must be a non-negative int, got {slot!r}")
+        raise InvalidArgumentError(f"device_for: slot must be a non-negative int, got {slot!r}")
     if isinstance(n_devices, bool) or not isinstance(n_devices, int) or n_devices < 0:
-        raise ValueError(f"device_for: n_devices must be a non-negative int, got {n_devices!r}")
+        raise InvalidArgumentError(f"device_for: n_devices must be a non-negative int, got {n_devices!r}")
     return f"cuda:{slot % n_devices}" if n_devices else "cpu"

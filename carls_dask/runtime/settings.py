@@ -278,13 +278,13 @@ def parse_setting(owner: str, key: str, text: str, hint: Any) -> Any:
                 return True
             if low in _FALSE:
                 return False
-            raise ValueError(text)
+            raise ConfigError(text)
         if inner is int:
             return int(text)
         if inner is float:
             value = float(text)
             if math.isnan(value):
-                raise ValueError(text)
+                raise ConfigError(text)
             return value
         if inner is str:
             return text

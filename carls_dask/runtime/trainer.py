@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from carls_dask.errors import ConfigError
+from carls_dask.errors import ConfigError, HookNotImplementedError
 from carls_dask.runtime.context import LoopContext
 
 __all__ = ["Trainer"]
@@ -88,7 +88,7 @@ class Trainer:
 
     def step(self, step: int) -> Mapping[str, float] | None:
         """Run one training step and return the numbers to report (e.g. ``{"loss": ...}``)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement step()")
+        raise HookNotImplementedError(f"{type(self).__name__} must implement step()")
 
     def evaluate(self) -> Mapping[str, float] | None:
         """Measure the model (e.g. ``train_acc``, ``val_acc``, ``test_acc``); called every ``eval_every`` steps."""
@@ -97,7 +97,7 @@ class Trainer:
     def publish_state(self) -> Mapping[str, Any]:
         """The state dict makers receive; by default ``self.model.state_dict()``."""
         if self.model is None:
-            raise NotImplementedError(f"{type(self).__name__}: set self.model in setup() or override publish_state()")
+            raise HookNotImplementedError(f"{type(self).__name__}: set self.model in setup() or override publish_state()")
         state: Mapping[str, Any] = self.model.state_dict()
         return state
 

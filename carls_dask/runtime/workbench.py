@@ -44,6 +44,7 @@ from typing import Any
 
 from carls_dask import config
 from carls_dask.errors import (
+    ArgumentTypeError,
     CarlsError,
     ConfigError,
     DeadlineExceeded,
@@ -432,7 +433,7 @@ class Workbench:
         bank's step and its checkpoints snapshot the bank.
         """
         if not isinstance(trainer, Trainer):
-            raise TypeError(f"submit_trainer: expected a Trainer, got {type(trainer).__name__}")
+            raise ArgumentTypeError(f"submit_trainer: expected a Trainer, got {type(trainer).__name__}")
         if primary is None:
             primary = not any(h.kind == "trainer" for h in self._loops.values())
         return self._submit(trainer, workers, primary=primary)
@@ -444,7 +445,7 @@ class Workbench:
         again on a live worker (up to ``carls.runtime.maker-restarts`` times).
         """
         if not isinstance(maker, KnowledgeMaker):
-            raise TypeError(f"submit_maker: expected a KnowledgeMaker, got {type(maker).__name__}")
+            raise ArgumentTypeError(f"submit_maker: expected a KnowledgeMaker, got {type(maker).__name__}")
         return self._submit(maker, workers)
 
     def _source_of(self, maker: KnowledgeMaker) -> str:
@@ -744,7 +745,7 @@ class Workbench:
         if not self.owns_run or self._wrapped or self._failure is not None or self.run_dir is None:
             return
         self._wrapped = True
-        from carls_dask.runtime.runner import workbench_result
+        from carls_dask.runtime.results import workbench_result
 
         primary = self.book.primary or next((n for n, h in self._loops.items() if h.kind == "trainer"), "")
         trainers = [r for r in results.values() if r.kind == "trainer"]

@@ -16,6 +16,7 @@ from panel.io.state import set_curdoc
 
 from carls_dask.dashboards.figures import LiveFigure
 from carls_dask.dashboards.runreader import RunReader
+from carls_dask.errors import HookNotImplementedError
 
 __all__ = ["LOADING_RUN", "RunView", "in_background", "on_page", "series", "served"]
 
@@ -217,10 +218,10 @@ class RunView(pn.viewable.Viewer):
         return None
 
     def _update(self) -> None:
-        raise NotImplementedError
+        raise HookNotImplementedError(f"{type(self).__name__} must implement _update()")
 
     def _layout(self) -> pn.viewable.Viewable:
-        raise NotImplementedError
+        raise HookNotImplementedError(f"{type(self).__name__} must implement _layout()")
 
     def __panel__(self) -> pn.viewable.Viewable:
         if not self._built and self.eager:

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from carls_dask.errors import ConfigError
+from carls_dask.errors import ConfigError, HookNotImplementedError
 
 __all__ = ["PACING_SCHEDULES", "FractionPacing", "Pacing", "SelfPacedPacing", "make_pacing"]
 
@@ -41,11 +41,11 @@ class Pacing:
 
     def planned(self, step: int) -> float:
         """The fraction of the data the schedule plans to admit at ``step`` (NaN when it plans none)."""
-        raise NotImplementedError
+        raise HookNotImplementedError(f"{type(self).__name__} must implement planned()")
 
     def admit(self, difficulty: np.ndarray, step: int) -> np.ndarray:
         """``bool[n]``: which examples are admitted at ``step`` given their difficulty (NaN = unscored)."""
-        raise NotImplementedError
+        raise HookNotImplementedError(f"{type(self).__name__} must implement admit()")
 
     def _all(self, difficulty: np.ndarray, step: int) -> bool:
         return step < self.warmup_steps or not bool(np.isfinite(difficulty).any())

@@ -45,3 +45,15 @@ def assert_same_state(a: dict[str, dict[str, np.ndarray]], b: dict[str, dict[str
         assert a[t].keys() == b[t].keys(), t
         for name in a[t]:
             np.testing.assert_array_equal(a[t][name], b[t][name], err_msg=f"{t}/{name}")
+
+
+def states_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    if a["meta"] != b["meta"]:
+        return False
+    for t in a["tables"]:
+        if a["tables"][t].keys() != b["tables"][t].keys():
+            return False
+        for name, arr in a["tables"][t].items():
+            if not np.array_equal(arr, b["tables"][t][name], equal_nan=True):
+                return False
+    return True

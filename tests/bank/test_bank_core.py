@@ -17,6 +17,7 @@ from carls_dask.errors import (
     UnknownColumnError,
     UnknownTableError,
 )
+from tests.bank.banks import states_equal
 
 
 class Clock:
@@ -38,17 +39,6 @@ def nodes(**kw: Any) -> TableSpec:
     return nodes_table(dim=8, classes=3, neighbours=4, optimizer="adagrad", learning_rate=0.1,
                        initializer="normal", init_scale=0.1, **kw)
 
-
-def states_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    if a["meta"] != b["meta"]:
-        return False
-    for t in a["tables"]:
-        if a["tables"][t].keys() != b["tables"][t].keys():
-            return False
-        for name, arr in a["tables"][t].items():
-            if not np.array_equal(arr, b["tables"][t][name], equal_nan=True):
-                return False
-    return True
 
 
 # -- CARLS parity --------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from carls_dask.storage.bankstore import prune_snapshots
 from carls_dask.storage.bankview import read_bank
 from carls_dask.storage.manifest import list_snapshots, read_manifest
 from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot
-from tests.bank.test_exact_restore import TABLES, apply_all, assert_bit_identical, full_state, specs, start
+from tests.bank.optimizer_tables import TABLES, apply_all, assert_bit_identical, full_state, specs, start
 
 BUCKETS = 32
 

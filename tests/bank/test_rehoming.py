@@ -6,9 +6,7 @@ killed processes. Every acknowledged write is recorded and read back after the r
 
 from __future__ import annotations
 
-import os
 import pathlib
-import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +18,7 @@ import pytest
 from carls_dask.bank import Column, KnowledgeBank, TableSpec
 from carls_dask.bank.transport import ShardCall
 from carls_dask.errors import ShardLostError
+from tests.bank.rehome import keys_of_shard, kill_worker, lifetime_handover, table, wait_gone, workers
 from tests.processes import wait_for
 
 REHOME_TIMEOUT = 60.0
@@ -44,31 +43,6 @@ def client(cluster: Any) -> Iterator[Any]:
             c.wait_for_workers(2, timeout=60)
             yield c
 
-
-def table() -> TableSpec:
-    return TableSpec("nodes", columns=(Column("embedding", shape=(4,)),), optimizer="sgd", learning_rate=0.5,
-                     initializer="zeros", init_scale=0.0)
-
-
-def workers(client: Any) -> list[str]:
-    return sorted(client.scheduler_info(n_workers=-1)["workers"])
-
-
-def kill_worker(client: Any, address: str) -> int:
-    """SIGKILL the worker process at ``address``; returns its pid."""
-    pid = client.run(os.getpid, workers=[address])[address]
-    os.kill(pid, signal.SIGKILL)
-    return int(pid)
-
-
-def wait_gone(client: Any, address: str, timeout: float = 30) -> None:
-    wait_for(lambda: address not in workers(client), lambda: f"worker {address} still registered {timeout}s after SIGKILL",
-             timeout)
-
-
-def keys_of_shard(bank: KnowledgeBank, shard: int, n: int) -> np.ndarray:
-    cand = np.arange(1, 50 * n + 1, dtype=np.int64)
-    return cand[bank.shard_of(cand) == shard][:n]
 
 
 def test_killed_shard_comes_back_with_every_acknowledged_write(client: Any, tmp_path: pathlib.Path) -> None:
@@ -265,34 +239,6 @@ def test_a_bank_without_a_store_cannot_rehome_and_says_why(client: Any) -> None:
     bank.transport.release()
 
 
-def lifetime_handover(client: Any, leaves: str, stays: str, root: pathlib.Path, timeout: float = 120) -> None:
-    """Write to a bank with shard 0 on ``leaves`` (a worker with a lifetime) until that worker has gone;
-    assert the shard was handed to ``stays`` by the walltime plugin and no acknowledged write was lost."""
-    bank = KnowledgeBank.create(client, [table()], n_shards=2, buckets=64, workers=[leaves, stays],
-                                name=f"walltime-{os.getpid()}", log_root=str(root))
-    keys = np.concatenate([keys_of_shard(bank, 0, 8), keys_of_shard(bank, 1, 8)])
-    acked: dict[int, float] = {}
-    i = 0
-
-    def write_once_more() -> bool:  # write until the worker has gone, and a little after
-        nonlocal i
-        bank.update("nodes", keys, {"embedding": np.full((keys.size, 4), float(i), np.float32)})
-        acked.update({int(k): float(i) for k in keys})
-        i += 1
-        return leaves not in workers(client) and i >= 5
-
-    wait_for(write_once_more, "the worker ending at its lifetime", timeout, interval=0.05)
-    gone_at = time.time()
-    stats = bank.stats()["rehoming"]
-    assert stats["count"] == 1, f"{i} writes, {leaves} gone, workers now {workers(client)}, re-homing {stats}"
-    event = stats["events"][0]
-    assert event["from"] == leaves and event["to"] == stays and event["reason"] == "worker lifetime ends"
-    assert event["time"] < gone_at  # handed over while the worker was still up
-    got = bank.lookup("nodes", keys)
-    assert got.found.all()
-    np.testing.assert_array_equal(got.values["embedding"][:, 0], np.array([acked[int(k)] for k in keys]))
-    bank.close()
-
 
 @pytest.mark.slow
 def test_a_worker_at_its_lifetime_hands_its_shard_over_before_it_goes(tmp_path: pathlib.Path) -> None:
@@ -307,7 +253,7 @@ def test_a_worker_at_its_lifetime_hands_its_shard_over_before_it_goes(tmp_path: 
                                              dashboard_address=":0") as cluster, Client(cluster) as client:
         proc = subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address, "--nthreads", "1",
-             "--no-dashboard", "--host", "127.0.0.1", "--lifetime", "25s", "--name", "walltime"],
+             "--no-dashboard", "--host", "127.0.0.1", "--lifetime", "20s", "--name", "walltime"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         try:

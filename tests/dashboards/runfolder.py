@@ -125,6 +125,25 @@ def delta_rows(keys: np.ndarray, columns: dict[str, np.ndarray], step: int, shar
     return state["tables"]["nodes"]  # type: ignore[index,return-value]
 
 
+def real_run(root: pathlib.Path, variant: str, seed: int, steps: int = 20) -> pathlib.Path:
+    """A real semi-supervised run on Cora, in process."""
+    from carls_dask.runtime.registry import get_paradigm
+    from carls_dask.runtime.runner import run_inline
+
+    p = get_paradigm("semi-supervised")
+    run_dir = root / f"semi-supervised-{variant}-{seed}"
+    run_inline(p, p.settings(variant, steps=steps, seed=seed), variant=variant, run_dir=run_dir)
+    return run_dir
+
+
+def snapshot_run(run: pathlib.Path) -> pathlib.Path:
+    """A run folder with one committed bank snapshot (300 nodes at step 10) and held-out labels."""
+    keys, columns = nodes(300, step=10)
+    write_snapshot(run / "bank", 10, keys, columns)
+    write_truth(run, 300)
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("run", type=pathlib.Path)

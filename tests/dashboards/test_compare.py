@@ -14,7 +14,7 @@ from carls_dask.dashboards.dashboard import Dashboard
 from carls_dask.dashboards.learning import final_figures, run_info, summary_table
 from carls_dask.dashboards.views.compare import default_metrics
 from carls_dask.storage.metrics import open_metrics
-from tests.dashboards.test_learning import _real_run
+from tests.dashboards.runfolder import real_run
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """A folder of three real semi-supervised runs: bank+pseudo seeds 0 and 1, base seed 0."""
     root = tmp_path_factory.mktemp("compare")
     for variant, seed in (("bank+pseudo", 0), ("bank+pseudo", 1), ("base", 0)):
-        _real_run(root, variant, seed)
+        real_run(root, variant, seed)
     return root
 
 

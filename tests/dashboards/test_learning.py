@@ -17,24 +17,13 @@ from carls_dask.dashboards.runs import find_runs
 from carls_dask.dashboards.views import LearningView
 from carls_dask.errors import ConfigError
 from carls_dask.storage.metrics import MetricWriter, open_metrics
-from tests.dashboards.runfolder import nodes, write_snapshot
-
-
-def _real_run(root: pathlib.Path, variant: str, seed: int, steps: int = 20) -> pathlib.Path:
-    """A real semi-supervised run on Cora, in process."""
-    from carls_dask.runtime.registry import get_paradigm
-    from carls_dask.runtime.runner import run_inline
-
-    p = get_paradigm("semi-supervised")
-    run_dir = root / f"semi-supervised-{variant}-{seed}"
-    run_inline(p, p.settings(variant, steps=steps, seed=seed), variant=variant, run_dir=run_dir)
-    return run_dir
+from tests.dashboards.runfolder import nodes, real_run, write_snapshot
 
 
 @pytest.fixture(scope="module")
 def semi_run(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """A real bank+pseudo run: a trainer and two makers (neighbour-maker, pseudo-labeller)."""
-    return _real_run(tmp_path_factory.mktemp("learning"), "bank+pseudo", 0, steps=30)
+    return real_run(tmp_path_factory.mktemp("learning"), "bank+pseudo", 0, steps=30)
 
 
 def _writer_run(path: pathlib.Path, steps: range, **series: object) -> pathlib.Path:
@@ -316,10 +305,17 @@ dash = Dashboard(RUN, period=0.5)
 dash
 """,
     """
-await asyncio.sleep(5)
-before = (dash.ticks, dash.learning.charts["trainer-loss"].points()["loss"], sum(patches))
-await asyncio.sleep(5)
-after = (dash.ticks, dash.learning.charts["trainer-loss"].points()["loss"], sum(patches))
+def seen():  # the loss chart appears with the first refresh that finds the series
+    chart = dash.learning.charts.get("trainer-loss")
+    return (dash.ticks, chart.points().get("loss", 0) if chart is not None else 0, sum(patches))
+async def until(ok, seconds=120):  # the kernel's loop runs the dashboard's refresh while this waits
+    for _ in range(int(seconds / 0.1)):
+        if ok(seen()):
+            break
+        await asyncio.sleep(0.1)
+    return seen()
+before = await until(lambda s: s[0] >= 1 and s[1] > 0)
+after = await until(lambda s: s[0] >= before[0] + 5 and s[1] > before[1] and s[2] > before[2])
 wb.stop(timeout=60)
 wb.close()
 client.close()

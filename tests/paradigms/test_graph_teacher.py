@@ -73,10 +73,13 @@ def test_bad_teacher_input_is_refused_with_what_was_given() -> None:
 @pytest.mark.slow
 def test_a_citeseer_run_with_the_graph_teacher_beats_the_student_teacher(data_dir: pathlib.Path) -> None:
     """Through the runner (in-process driver, fixed seed): the MLP that distils the graph teacher's targets
-    beats the one that distils its own corrected and propagated predictions by >= 2 points on CiteSeer."""
+    beats the one that distils its own corrected and propagated predictions by >= 2 points on CiteSeer.
+
+    40 steps (the pseudo labels start at step 20): the gap was 10.5-11.7 points on seeds 0-2 (6.2-7.9 at 60
+    steps, 4.3 at 120); ``benchmarks/graph_regularization.py --teacher-check`` runs the 120-step check."""
     acc = {}
     for teacher in ("student", "graph"):
-        s = PARADIGM.settings("bank+pseudo", {"dataset": "citeseer", "pseudo_teacher": teacher}, steps=120,
+        s = PARADIGM.settings("bank+pseudo", {"dataset": "citeseer", "pseudo_teacher": teacher}, steps=40,
                               data_dir=str(data_dir))
         result = run_inline(PARADIGM, s, variant="bank+pseudo")
         acc[teacher] = result["test_acc"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
@@ -20,27 +19,9 @@ from carls_dask.examples.digits import DigitsMaker, DigitsTrainer, digits_table
 from carls_dask.runtime import State, Workbench
 from tests.processes import wait_for
 from tests.runtime.helpers import run_until_knowledge_flows
+from tests.runtime.slurm import PARTITION, controller_answers
 
 pytestmark = pytest.mark.slurm
-
-PARTITION = os.environ.get("SLURM_CI_PARTITION", "debug")
-
-
-def _controller_answers() -> str | None:
-    """``None`` when a controller and an idle node answer, else the reason they do not."""
-    if shutil.which("scontrol") is None:
-        return "no Slurm client (scontrol) installed; ./dev test installs it and starts Slurm via scripts/services-up"
-    try:
-        ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=15)
-        if ping.returncode != 0:
-            said = (ping.stdout.strip() or ping.stderr.strip()).splitlines()
-            return f"no Slurm controller answers `scontrol ping` ({said[0] if said else 'no output'})"
-        nodes = subprocess.run(["sinfo", "-h", "-p", PARTITION, "-o", "%t"], capture_output=True, text=True, timeout=15)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"Slurm did not answer: {exc!r}"
-    if not any(s.startswith(("idle", "mix")) for s in nodes.stdout.split()):
-        return f"no idle node in partition {PARTITION!r} (sinfo: {nodes.stdout.strip()!r})"
-    return None
 
 
 def _our_jobs(name: str) -> list[str]:
@@ -49,7 +30,7 @@ def _our_jobs(name: str) -> list[str]:
 
 
 def test_trainer_maker_and_bank_on_slurm_workers(tmp_path: pathlib.Path) -> None:
-    reason = _controller_answers()
+    reason = controller_answers()
     if reason is not None:
         pytest.skip(reason)
     job_name = f"carls-test-{os.getpid()}"

@@ -1,10 +1,14 @@
-"""Builders of shard states in the agreed export format, made with numpy only (no bank needed)."""
+"""Builders of shard states in the agreed export format, made with numpy only (no bank needed), and the
+snapshots of a store written from them."""
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
 import numpy as np
+
+from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, write_shard
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -114,3 +118,19 @@ def assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
         assert a[k].dtype == b[k].dtype, k
         assert a[k].shape == b[k].shape, k
         assert a[k].tobytes() == b[k].tobytes(), k
+
+
+def snapshot(root: pathlib.Path, states: list, step: int = 0, meta: dict[str, Any] | None = None,
+             **kw: Any) -> dict:
+    """Commit ``states`` (one per shard) as a snapshot of the store at ``root``; returns its manifest entry."""
+    h = begin_snapshot(root, step, **kw)
+    for st in states:
+        write_shard(h, st, delta_seq=0)
+    return commit_snapshot(h, meta if meta is not None else {"name": "bank", "n_shards": len(states)})
+
+
+def nodes_store(root: pathlib.Path, versions: int = 1) -> None:
+    """A store of ``versions`` snapshots (steps 10, 20, ...) of 300 "nodes" rows on 2 shards, as the CLI reads them."""
+    for v in range(versions):
+        snapshot(root, make_states(300, n_shards=2, seed=v), 10 * (v + 1),
+                 {"n_shards": 2, "tables": {"nodes": TABLE_SPEC}})

@@ -27,16 +27,9 @@ from carls_dask.storage.bankview import open_bank
 from carls_dask.storage.manifest import list_snapshots, read_manifest
 from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, read_snapshot, write_shard
 from tests.processes import wait_for
-from tests.storage.states import assert_same, make_states, merged, sort_by_key
+from tests.storage.states import assert_same, make_states, merged, snapshot, sort_by_key
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-def snapshot(root: pathlib.Path, states: list, step: int = 0, **kw: object) -> dict:
-    h = begin_snapshot(root, step, **kw)  # type: ignore[arg-type]
-    for st in states:
-        write_shard(h, st, delta_seq=0)
-    return commit_snapshot(h, {"name": "bank", "n_shards": len(states)})
 
 
 def test_roundtrip_is_bit_for_bit(tmp_path: pathlib.Path) -> None:

@@ -20,8 +20,7 @@ from carls_dask.errors import CorruptStoreError, IncompatibleStoreError
 from carls_dask.storage.bankview import open_bank
 from carls_dask.storage.deltalog import DeltaLog, replay
 from carls_dask.storage.snapshots import read_manifest, read_snapshot
-from tests.storage.states import assert_same, make_states, merged, sort_by_key, table_rows
-from tests.storage.test_snapshots import snapshot
+from tests.storage.states import assert_same, make_states, merged, snapshot, sort_by_key, table_rows
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SHARD = "snapshots/v000001/shard-0000.zarr/nodes"

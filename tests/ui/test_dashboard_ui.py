@@ -21,7 +21,7 @@ from playwright.sync_api import Browser, Page
 
 from tests.dashboards.runfolder import nodes, write_snapshot
 from tests.processes import stop_process, wait_for, wait_until
-from tests.ui.conftest import (
+from tests.ui.browser import (
     POINTS_JS,
     START_DEADLINE,
     open_page,
@@ -151,7 +151,7 @@ _SET_THRESHOLD = """(value) => {
 }"""
 
 #: Seconds the responsiveness test watches the page, the plot period it serves with, and its bounds.
-WATCH_SECONDS = 36.0
+WATCH_SECONDS = 20.0
 PLOT_REFRESH = "2s"
 MAX_LIVENESS_S = 1.5
 MAX_ROUND_TRIP_S = 2.5

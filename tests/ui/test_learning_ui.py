@@ -14,7 +14,7 @@ pytest.importorskip("playwright")
 from playwright.sync_api import Browser, Page
 
 from tests.processes import wait_for, wait_until
-from tests.ui.conftest import (
+from tests.ui.browser import (
     POINTS_JS,
     START_DEADLINE,
     open_page,

@@ -26,7 +26,7 @@ from playwright.sync_api import Browser, Page, Route
 
 from carls_dask.dashboards.figures import LOADING
 from tests.processes import free_port, stop_process, wait_for
-from tests.ui.conftest import page_wait
+from tests.ui.browser import page_wait
 
 pytestmark = [pytest.mark.ui, pytest.mark.slow, pytest.mark.timeout(1800)]
 

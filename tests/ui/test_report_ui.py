@@ -16,7 +16,7 @@ from playwright.sync_api import Browser, Page
 from carls_dask.cli import main
 from carls_dask.storage.manifest import list_snapshots
 from carls_dask.storage.snapshots import read_snapshot
-from tests.ui.conftest import open_page
+from tests.ui.browser import open_page
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(900)]
 

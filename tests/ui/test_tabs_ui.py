@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import Browser, Page
 
 from tests.processes import wait_for, wait_until
-from tests.ui.conftest import _inline_run, open_page, page_wait, serve_dashboard
+from tests.ui.browser import inline_run, open_page, page_wait, serve_dashboard
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]
 
@@ -60,7 +60,7 @@ _TITLE = """(name) => {
 def _snapshotting(paradigm: str, variant: str, root: pathlib.Path, steps: int, **overrides: object) -> pathlib.Path:
     """A real run that publishes a model and snapshots its bank every 10 steps, so that every plot has data."""
     with dask.config.set({"carls.run.snapshot-every": EVERY, "carls.runtime.publish-every": EVERY}):
-        return _inline_run(root, paradigm, variant, 0, steps, **overrides)
+        return inline_run(root, paradigm, variant, 0, steps, **overrides)
 
 
 @pytest.fixture(scope="module")
