@@ -27,7 +27,6 @@ that holds them (``docs/embeddings.md`` compares the two).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import os
 import pathlib
 from collections.abc import Iterator, Mapping
@@ -35,29 +34,18 @@ from typing import Any
 
 import torch
 
-from carls_dask.errors import ConfigError, LifecycleError
+from carls_dask.errors import ConfigError
+from carls_dask.nn.record import RECORD_FORMAT, RESTORED, TAKING, check_record
 
 __all__ = [
-    "RECORD_FORMAT",
     "bank_layers",
     "checkpoint_state",
-    "layer_record",
     "load_checkpoint",
     "load_state",
     "restore_bank",
     "save_checkpoint",
     "snapshot_of",
 ]
-
-#: Format of a bank layer's record in a state dict.
-RECORD_FORMAT = 1
-
-#: The snapshot :func:`checkpoint_state` took, by ``id`` of the bank, while it builds the state dict.
-_TAKING: contextvars.ContextVar[dict[int, dict[str, Any]] | None] = contextvars.ContextVar("carls_checkpoint",
-                                                                                          default=None)
-#: Attribute :func:`restore_bank` sets on a bank it restored: the store and snapshot version it came from.
-_RESTORED = "_carls_restored_from"
-
 
 def bank_layers(model: torch.nn.Module) -> list[tuple[str, Any]]:
     """The model's bank layers (:class:`~carls_dask.nn.BankLayer`), by their names in ``model``."""
@@ -79,60 +67,13 @@ def _one_bank(model: torch.nn.Module, what: str) -> Any:
     return next(iter(banks.values()))
 
 
-def layer_record(layer: Any) -> dict[str, Any]:
-    """What a bank layer's ``state_dict()`` records: its bank, table and column, and the snapshot of this step.
-
-    The snapshot is the one :func:`checkpoint_state` is taking now, else ``None``.
-    """
-    bank = layer.bank
-    taking = _TAKING.get()
-    snapshot = taking.get(id(bank)) if taking is not None else None
-    return {"format": RECORD_FORMAT, "bank": str(bank.name), "lineage": str(getattr(bank, "lineage", bank.name)),
-            "table": layer.table, "column": layer.column, "snapshot": dict(snapshot) if snapshot else None}
-
-
-def check_record(layer: Any, record: Any) -> None:
-    """Check that ``layer``'s bank holds the rows a loaded state dict's record names (see the module notes).
-
-    Raises
-    ------
-    LifecycleError
-        If the record names a snapshot and the layer's bank was not restored from it.
-    ConfigError
-        If the record is for another table or column than the layer's.
-    """
-    if not isinstance(record, Mapping):
-        return  # a state dict saved before bank layers had a record
-    owner = layer._owner
-    if (record.get("table"), record.get("column")) != (layer.table, layer.column):
-        raise ConfigError(f"{owner}: the state dict's record is of table {record.get('table')!r}, column "
-                          f"{record.get('column')!r}; expected table {layer.table!r}, column {layer.column!r}")
-    snap = record.get("snapshot")
-    if not snap:
-        return
-    restored = getattr(layer.bank, _RESTORED, None)
-    wanted = (str(pathlib.Path(snap["root"]).resolve()), int(snap["version"]))
-    if restored != wanted:
-        raise LifecycleError(
-            f"{owner}: this checkpoint's rows are bank snapshot v{snap['version']} (step {snap['step']}) of "
-            f"{snap['root']}, but the layer's bank {layer.bank.name!r} was not restored from it, so the dense "
-            "weights would meet rows of another step; restore the bank first "
-            "(carls_dask.nn.checkpoint.restore_bank(state, client)) and build the model over it")
-
-
-def load_hook(layer: Any, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
-    """A load pre-hook of every bank layer: a state dict without the layer's record (saved before bank
-    layers had one) loads as a plain one."""
-    state_dict.setdefault(f"{prefix}_extra_state", None)
-
-
 @contextlib.contextmanager
 def _recording(bank: Any, snapshot: dict[str, Any]) -> Iterator[None]:
-    token = _TAKING.set({id(bank): snapshot})
+    token = TAKING.set({id(bank): snapshot})
     try:
         yield
     finally:
-        _TAKING.reset(token)
+        TAKING.reset(token)
 
 
 def checkpoint_state(model: torch.nn.Module, root: str | os.PathLike[str], step: int) -> dict[str, Any]:
@@ -202,7 +143,7 @@ def load_state(model: torch.nn.Module, state: Mapping[str, Any], strict: bool = 
     Raises
     ------
     LifecycleError, ConfigError
-        As :func:`check_record`, for the first bank layer whose bank does not hold the recorded rows.
+        As :func:`~carls_dask.nn.record.check_record`, for the first bank layer whose bank does not hold the recorded rows.
     """
     model_state = state["model"] if "model" in state and isinstance(state["model"], Mapping) else state
     for name, layer in bank_layers(model):
@@ -264,5 +205,5 @@ def restore_bank(state: Mapping[str, Any], client: Any = None, *, n_shards: int 
     else:
         bank = KnowledgeBank.restore(client, root, n_shards=n_shards, version=version, replay_log=False,
                                      log_root=where, **kwargs)
-    setattr(bank, _RESTORED, (str(pathlib.Path(root).resolve()), version))
+    setattr(bank, RESTORED, (str(pathlib.Path(root).resolve()), version))
     return bank

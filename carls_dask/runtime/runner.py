@@ -49,7 +49,6 @@ import logging
 import math
 import os
 import pathlib
-import platform
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -65,6 +64,15 @@ from carls_dask.runtime.loops import MakerDriver, TrainerDriver
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.paradigm import Paradigm
 from carls_dask.runtime.progress import ProgressBook, ProgressSink
+from carls_dask.runtime.results import (
+    RESULT_SCHEMA,
+    RunResult,
+    has_snapshot,
+    loop_records,
+    snapshots_of,
+    versions,
+    write_json,
+)
 from carls_dask.runtime.settings import settings_from_json, settings_to_json, strict_json
 from carls_dask.runtime.trainer import Trainer
 from carls_dask.storage.runfolder import METRICS, REQUEST, RESULT, RunFolder
@@ -74,9 +82,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-RESULT_SCHEMA = "carls-dask/result/2"
-
 
 class RunInterrupted(KeyboardInterrupt):
     """A run stopped by Ctrl-C (SIGINT): the step it reached and the checkpoint ``--resume`` continues from.
@@ -108,114 +113,6 @@ class RunInterrupted(KeyboardInterrupt):
                     f"{self.run_dir} cannot be resumed: start the run again")
         return (f"interrupted at step {self.step}; checkpoint at step {self.checkpoint} kept in {self.run_dir}; "
                 f"continue with: {command_name()} run --resume {self.run_dir}")
-
-
-@dataclasses.dataclass
-class RunResult:
-    """What a run measured; :meth:`to_json` is the content of ``RUN/result.json``.
-
-    Attributes
-    ----------
-    paradigm, variant, seed
-        What ran (for a run on a plain Workbench: no paradigm, variant or seed).
-    driver
-        ``"workbench"`` or ``"inline"``.
-    settings
-        The settings, as JSON.
-    figures
-        The paradigm's figures (:meth:`Paradigm.summarize`), over every segment of the run.
-    loops
-        Per loop: kind, steps (or rounds) over every segment, the step it ended at, seconds, why it
-        ended, restarts and its last metrics.
-    snapshots
-        The bank snapshots the run folder keeps (version and step).
-    resumed_from
-        The step the primary trainer continued from, or ``None``.
-    versions
-        Versions of carls-dask and its main dependencies.
-    started, ended, wall_seconds
-        Unix times of the first segment's start and the last one's end, and the wall time of all segments.
-    run_id
-        The run's identity (``request.json``), the same in a moved or copied folder.
-    reasons
-        Why each figure that is ``None`` has no value (a run too short to measure it, ...).
-    segments
-        One entry per segment of the run (a run extended with ``resume_run(..., steps=N)`` has several).
-    run_dir
-        The run folder, or ``None``.
-    results
-        Every loop's :class:`~carls_dask.runtime.context.LoopResult` of the newest segment (not written to JSON).
-    """
-
-    paradigm: str
-    variant: str
-    seed: int | None
-    driver: str
-    settings: dict[str, Any]
-    figures: dict[str, Any]
-    loops: dict[str, dict[str, Any]]
-    snapshots: list[dict[str, int]]
-    resumed_from: int | None
-    versions: dict[str, str]
-    started: float
-    ended: float
-    wall_seconds: float
-    run_id: str = ""
-    reasons: dict[str, str] = dataclasses.field(default_factory=dict)
-    segments: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    run_dir: str | None = None
-    results: dict[str, LoopResult] = dataclasses.field(default_factory=dict, repr=False)
-
-    def __getitem__(self, name: str) -> Any:
-        """A figure by name (``result["test_acc"]``)."""
-        return self.figures[name]
-
-    def to_json(self) -> dict[str, Any]:
-        """The strict-JSON form written to ``result.json``."""
-        out = {"schema": RESULT_SCHEMA}
-        for f in dataclasses.fields(self):
-            if f.name not in ("results", "run_dir"):
-                out[f.name] = getattr(self, f.name)
-        result: dict[str, Any] = strict_json(out)
-        return result
-
-    def headline(self, names: Sequence[str] = ()) -> str:
-        """One line: the paradigm, variant and seed, then the named figures (all numeric ones when none are named).
-
-        A named figure without a value reads ``none``; :meth:`notes` says why.
-        """
-        keys = [n for n in names if n in self.figures] or [k for k, v in self.figures.items()
-                                                           if isinstance(v, int | float) and not isinstance(v, bool)]
-        parts = []
-        for k in keys:
-            v = self.figures[k]
-            if v is None or (isinstance(v, float) and not math.isfinite(v)):
-                parts.append(f"{k} none")
-            else:
-                parts.append(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}")
-        return f"{self.paradigm} {self.variant} (seed {self.seed}): " + (", ".join(parts) or "no figures")
-
-    def notes(self, names: Sequence[str] = ()) -> list[str]:
-        """Why each of the named figures (every figure when none are named) has no value, one line per reason."""
-        keys = [n for n in (names or self.figures) if n in self.reasons]
-        by_reason: dict[str, list[str]] = {}
-        for k in keys:
-            by_reason.setdefault(self.reasons[k], []).append(k)
-        return [f"{', '.join(ks)}: {why}" for why, ks in by_reason.items()]
-
-
-def versions() -> dict[str, str]:
-    """Versions of carls-dask and the libraries a run's figures depend on."""
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version()}
-    for dist, key in (("carls-dask", "carls-dask"), ("torch", "torch"), ("dask", "dask"),
-                      ("distributed", "distributed"), ("numpy", "numpy"), ("xarray", "xarray"), ("zarr", "zarr")):
-        try:
-            out[key] = md.version(dist)
-        except md.PackageNotFoundError:
-            out[key] = "not installed"
-    return out
 
 
 def _paradigm(paradigm: Paradigm | str) -> Paradigm:
@@ -305,20 +202,13 @@ def _plan(paradigm: Paradigm | str, settings: Any, variant: str | None, run_dir:
 
         request = {"paradigm": p.name, "paradigm_path": paradigm_path(p), "variant": name, "driver": driver,
                    "settings": settings_to_json(settings), "run_id": run_id, "primary": trainers[0].name}
-        _write_json(run.request, request)
+        write_json(run.request, request)
         if resume is None:
             p.write_artifacts(settings, folder)
         checkpointer = Checkpointer(str(folder), int(config.get("run.snapshot-every")),
                                     int(config.get("storage.keep-snapshots")),
                                     str(run.bank) if tables else None)
     return _Plan(p, name, settings, folder, checkpointer, resume, time.time(), run_id, trainers, makers, tables)
-
-
-def _write_json(path: pathlib.Path, obj: Any) -> None:
-    """Write ``obj`` to ``path`` under a temporary name, then rename it: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, allow_nan=False))
-    os.replace(tmp, path)
 
 
 def _is_number(v: Any) -> bool:
@@ -378,56 +268,15 @@ def _earlier_segments(previous: Mapping[str, Any] | None) -> list[dict[str, Any]
                        if isinstance(lp, dict)}}]
 
 
-def _snapshots_of(bank_root: str | None) -> list[dict[str, int]]:
-    """The snapshots a bank store keeps (version and step); empty without one."""
-    if bank_root is None or not _has_snapshot(bank_root):
-        return []
-    from carls_dask.storage import list_snapshots
-
-    return [{"version": int(s["version"]), "step": int(s["step"])} for s in list_snapshots(bank_root)]
-
-
-def _loop_records(results: Mapping[str, LoopResult], restarts: Mapping[str, int]) -> dict[str, Any]:
-    """What ``result.json`` says of each loop."""
-    records: dict[str, Any] = strict_json({
-        n: {"kind": r.kind, "steps": r.steps, "step": r.step if r.kind == "trainer" else None, "seconds": r.elapsed,
-            "reason": r.reason, "restarts": int(restarts.get(n, 0)), "metrics": dict(r.metrics)}
-        for n, r in results.items()})
-    return records
-
-
-def workbench_result(run_dir: str | os.PathLike[str], results: Mapping[str, LoopResult], restarts: Mapping[str, int],
-                     *, primary: str, started: float, run_id: str, bank_root: str | None) -> RunResult:
-    """The ``result.json`` of a run made on a plain :class:`~carls_dask.runtime.workbench.Workbench` (no paradigm),
-    written into ``run_dir``: the loops' results, the primary trainer's figures (its ``finish()`` value when
-    it is a mapping, as :meth:`Paradigm.summarize` takes them) and the snapshots ``bank_root`` keeps."""
-    figures = dict(Paradigm().summarize(None, results))
-    ended = time.time()
-    loops = _loop_records(results, restarts)
-    first = results.get(primary)
-    segment = {"driver": "workbench", "from_step": first.resumed_at if first is not None else None,
-               "to_step": first.step if first is not None else None, "started": started, "ended": ended,
-               "wall_seconds": ended - started, "figures": strict_json(figures),
-               "loops": {n: {k: v for k, v in lp.items() if k != "metrics"} for n, lp in loops.items()}}
-    result = RunResult(
-        paradigm="", variant="", seed=None, driver="workbench", settings={}, figures=figures, loops=loops,
-        snapshots=_snapshots_of(bank_root), resumed_from=first.resumed_at if first is not None else None,
-        versions=versions(), started=started, ended=ended, wall_seconds=ended - started, run_id=run_id,
-        segments=[segment], run_dir=str(run_dir), results=dict(results),
-    )
-    _write_json(RunFolder(run_dir).result, result.to_json())
-    return result
-
-
 def _finish(plan: _Plan, driver: str, results: Mapping[str, LoopResult], restarts: Mapping[str, int]) -> RunResult:
     p = plan.paradigm
     figures = dict(p.summarize(plan.settings, results))
     snaps: list[dict[str, int]] = []
     if plan.checkpointer is not None and plan.checkpointer.bank_root is not None:
-        snaps = _snapshots_of(plan.bank_root)
+        snaps = snapshots_of(plan.bank_root)
     primary = results[plan.trainers[0].name]
     ended = time.time()
-    loops = _loop_records(results, restarts)
+    loops = loop_records(results, restarts)
     segment = {"driver": driver, "from_step": primary.resumed_at, "to_step": primary.step, "started": plan.started,
                "ended": ended, "wall_seconds": ended - plan.started, "figures": strict_json(figures),
                "loops": {n: {k: v for k, v in lp.items() if k != "metrics"} for n, lp in loops.items()}}
@@ -449,7 +298,7 @@ def _finish(plan: _Plan, driver: str, results: Mapping[str, LoopResult], restart
         run_dir=str(plan.run_dir) if plan.run_dir is not None else None, results=dict(results),
     )
     if plan.run_dir is not None:
-        _write_json(RunFolder(plan.run_dir).result, result.to_json())
+        write_json(RunFolder(plan.run_dir).result, result.to_json())
     logger.info("%s", result.headline(p.headline))
     return result
 
@@ -520,7 +369,7 @@ def run_paradigm(paradigm: Paradigm | str, settings: Any = None, *, variant: str
             wb.progress_from(plan.first_step)
             if tables:
                 root = plan.bank_root
-                if plan.resume is not None and root is not None and _has_snapshot(root):
+                if plan.resume is not None and root is not None and has_snapshot(root):
                     wb.restore_bank(root, n_shards=n_shards)
                 else:
                     wb.create_bank(tables, n_shards=n_shards, log_root=plan.bank_root)
@@ -540,16 +389,6 @@ def run_paradigm(paradigm: Paradigm | str, settings: Any = None, *, variant: str
             raise
         raise _interrupted(plan, max(plan.first_step, wb.book.primary_step())) from None
     return _finish(plan, "workbench", results, restarts)
-
-
-def _has_snapshot(root: str) -> bool:
-    from carls_dask.errors import CarlsError
-    from carls_dask.storage import list_snapshots
-
-    try:
-        return bool(list_snapshots(root))
-    except CarlsError:
-        return False
 
 
 def run_inline(paradigm: Paradigm | str, settings: Any = None, *, variant: str | None = None,
@@ -589,7 +428,7 @@ def run_inline(paradigm: Paradigm | str, settings: Any = None, *, variant: str |
     tables = plan.tables
     bank = None
     if tables:
-        if plan.resume is not None and plan.bank_root is not None and _has_snapshot(plan.bank_root):
+        if plan.resume is not None and plan.bank_root is not None and has_snapshot(plan.bank_root):
             bank = KnowledgeBank.restore_local(plan.bank_root, n_shards=n_shards, log_root=plan.bank_root)
         else:
             bank = KnowledgeBank.local(tables, n_shards=n_shards, log_root=plan.bank_root)

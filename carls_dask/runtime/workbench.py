@@ -645,7 +645,7 @@ class Workbench:
         if not self.owns_run or self._wrapped or self._failure is not None or self.run_dir is None:
             return
         self._wrapped = True
-        from carls_dask.runtime.runner import workbench_result
+        from carls_dask.runtime.results import workbench_result
 
         primary = self.book.primary or next((n for n, h in self._loops.items() if h.kind == "trainer"), "")
         trainers = [r for r in results.values() if r.kind == "trainer"]
