@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``bank`` sub-subcommands to ``parser``."""
     sub = parser.add_subparsers(dest="bank_command", metavar="ACTION", required=True)
 
-    p = sub.add_parser("inspect", help="print a store's snapshot: tables, rows per shard, columns, steps, sizes")
+    p = sub.add_parser("inspect", help="print a store's snapshot: tables, rows per shard, columns, steps, sizes, and "
+                                       "the folder's bytes by part (snapshots, delta log)")
     p.add_argument("path", help="bank store folder (RUN/bank)")
     p.add_argument("--version", type=int, default=None, help="snapshot version (default: newest)")
     p.add_argument("--json", action="store_true", help="print the snapshot manifest as JSON")
@@ -87,7 +88,8 @@ def _snapshots(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:
-    from carls_dask.storage.bankstore import MAKERS_TABLE
+    from carls_dask.errors import StoreNotFoundError
+    from carls_dask.storage.bankstore import MAKERS_TABLE, store_bytes
     from carls_dask.storage.deltalog import replay
     from carls_dask.storage.snapshots import list_snapshots, read_manifest
 
@@ -96,7 +98,10 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         out.write(json.dumps(man, indent=1, sort_keys=True) + "\n")
         return 0
     n_snaps = len(list_snapshots(args.path))
+    parts = store_bytes(args.path)
     out.write(f"bank store {args.path}: {n_snaps} snapshot(s)\n")
+    out.write(f"bytes: {_mb(parts['total'])} = snapshots {_mb(parts['snapshots'])} + delta log {_mb(parts['log'])} "
+              f"+ other {_mb(parts['other'])}\n")
     out.write(
         f"snapshot v{man['version']}: step {man['step']}, created {_when(man['created'])}, "
         f"{man['n_shards']} shards, {man['buckets']} buckets, {_mb(man['bytes'])}\n"
@@ -108,6 +113,7 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         spec = man.get("meta", {}).get("tables", {}).get(tname, {})
         if spec.get("optimizer"):
             out.write(f"  optimizer {spec['optimizer']}, learning rate {spec.get('learning_rate')}\n")
+        out.write(f"  durability {spec.get('durability') or 'every-write'}\n")
         rows = [(name, np.dtype(a["dtype"]).name, tuple(a["shape"])) for name, a in t["arrays"].items()]
         _table(out, ("array", "dtype", "row shape"), rows)
     shard_rows = []
@@ -119,9 +125,13 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     out.write("\nrows per shard:\n")
     _table(out, ("shard", *man["tables"], "buckets", "delta seq", "size"), shard_rows)
     pending: dict[int, list[int]] = {}
-    for rec in replay(args.path, since_version=man["version"]):
-        if rec.table != MAKERS_TABLE:
-            pending.setdefault(rec.shard, []).append(rec.step)
+    try:
+        for rec in replay(args.path, since_version=man["version"]):
+            if rec.table != MAKERS_TABLE:
+                pending.setdefault(rec.shard, []).append(rec.step)
+    except StoreNotFoundError:
+        out.write(f"\ndelta log after v{man['version']}: truncated by a newer snapshot (carls.storage.log-history)\n")
+        return 0
     if pending:
         out.write(f"\ndelta log after v{man['version']}:\n")
         _table(out, ("shard", "records", "steps"),

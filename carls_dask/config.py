@@ -16,7 +16,7 @@ import yaml
 
 from carls_dask.errors import ConfigError
 
-__all__ = ["RENAMED", "SCHEMA_PATH", "YAML_PATH", "get", "get_seconds", "load_defaults", "resolved"]
+__all__ = ["RENAMED", "SCHEMA_PATH", "YAML_PATH", "get", "get_bytes", "get_seconds", "load_defaults", "resolved"]
 
 YAML_PATH = pathlib.Path(__file__).with_name("carls.yaml")
 SCHEMA_PATH = pathlib.Path(__file__).with_name("carls-schema.yaml")
@@ -79,6 +79,21 @@ def get_seconds(key: str, override: float | str | None = None) -> float:
     if seconds is None or not seconds >= 0:  # also refuses NaN
         raise ConfigError(f"carls.{key}: expected a non-negative duration, got {value!r}")
     return float(seconds)
+
+
+def get_bytes(key: str, override: int | str | None = None) -> int:
+    """Return a size setting in bytes (accepts Dask size strings such as ``"1 GiB"`` or a number of bytes)."""
+    from dask.utils import parse_bytes
+
+    value = get(key, override)
+    try:
+        n = parse_bytes(value) if isinstance(value, str) else value
+        ok = isinstance(n, int | float) and not isinstance(n, bool) and n >= 0
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"carls.{key}: expected a size such as '1 GiB' or a number of bytes, got {value!r}") from exc
+    if not ok:
+        raise ConfigError(f"carls.{key}: expected a non-negative size such as '1 GiB', got {value!r}")
+    return int(n)
 
 
 def resolved() -> dict[str, Any]:

@@ -15,12 +15,15 @@ __all__ = [
     "ConfigError",
     "CorruptStoreError",
     "DeadlineExceeded",
+    "DiskReserveError",
     "IncompatibleStoreError",
     "InvalidBatchError",
     "InvalidDTypeError",
     "InvalidShapeError",
     "LifecycleError",
     "LoopFailedError",
+    "RolledBackError",
+    "RunStopped",
     "ShardLostError",
     "StoreError",
     "StoreLockedError",
@@ -102,3 +105,33 @@ class LoopFailedError(CarlsError, RuntimeError):
 
 class DeadlineExceeded(CarlsError, TimeoutError):
     """A bounded wait ran past its deadline."""
+
+
+class DiskReserveError(StoreError):
+    """A bank write would take the free space of the store's disk below ``carls.storage.disk-reserve``;
+    it was refused before anything was written."""
+
+
+class RolledBackError(BankError, RuntimeError):
+    """A table kept by snapshots alone (durability ``"snapshot"``) was rolled back to its newest snapshot when
+    its shard was lost; it takes no writes until its writers roll back to the same step (one consistent cut)."""
+
+
+class RunStopped(CarlsError, RuntimeError):
+    """A run stopped cleanly before its end (e.g. the disk reached its reserve); its newest checkpoint is kept.
+
+    Attributes
+    ----------
+    run_dir
+        The run folder.
+    step
+        The primary trainer's step when the run stopped.
+    checkpoint
+        The step of the newest checkpoint kept, or ``None``.
+    """
+
+    def __init__(self, message: str, run_dir: object = None, step: int = 0, checkpoint: int | None = None) -> None:
+        super().__init__(message)
+        self.run_dir = run_dir
+        self.step = int(step)
+        self.checkpoint = checkpoint

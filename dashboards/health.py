@@ -13,6 +13,7 @@ from carls_dask.dashboards.bankdata import has_column, shards_of
 from carls_dask.errors import InvalidBatchError
 
 __all__ = [
+    "bank_parts",
     "bank_summary",
     "counter_rate",
     "counter_rates",
@@ -211,3 +212,11 @@ def bank_summary(ds: xr.Dataset | None) -> dict[str, float]:
     for name in ("version", "model_step", "wall_time"):
         out[name] = float(np.nanmax(np.asarray(ds[name].values, np.float64))) if has_column(ds, name) else float("nan")
     return out
+
+
+def bank_parts(parts: dict[str, int] | None) -> dict[str, float]:
+    """The bank folder's bytes by part as the health figures ``snapshot_mb`` and ``log_mb`` (megabytes, 10^6 bytes;
+    NaN without a bank folder), from :func:`carls_dask.storage.bankstore.store_bytes`."""
+    if parts is None:
+        return {"snapshot_mb": float("nan"), "log_mb": float("nan")}
+    return {"snapshot_mb": parts["snapshots"] / 1e6, "log_mb": parts["log"] / 1e6}

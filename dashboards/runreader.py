@@ -108,6 +108,7 @@ class RunReader:
         self._head_lock = threading.Lock()
         self._head_stamp: tuple[int, ...] = ()
         self._head: dict[str, float] | None = None
+        self._bytes: tuple[tuple[int, ...], dict[str, int] | None] = ((), None)
         self._head_version = -1
         self._head_keys: dict[str, np.ndarray] = {}
         self._head_max: dict[str, float] = {}
@@ -530,6 +531,26 @@ class RunReader:
         """
         with self._head_lock:
             return self._headline_read()
+
+    def bank_bytes(self) -> dict[str, int] | None:
+        """The bank folder's bytes by part (``snapshots``, ``log``, ``other``, ``total``; see
+        :func:`carls_dask.storage.bankstore.store_bytes`), or ``None`` when the run has no bank folder.
+
+        Measured again only when the manifest or a delta-log segment changed.
+        """
+        from carls_dask.storage.bankstore import store_bytes
+
+        if not self.bank_path.is_dir():
+            return None
+        with self._head_lock:
+            stamp = self._bank_stamp()
+            if stamp != self._bytes[0] or self._bytes[1] is None:
+                try:
+                    self._bytes = (stamp, store_bytes(self.bank_path))
+                except (StoreError, OSError) as exc:
+                    logger.warning("bank store %s not measurable yet: %s", self.bank_path, exc)
+                    return None
+            return dict(self._bytes[1]) if self._bytes[1] is not None else None
 
     def truth(self) -> xr.DataArray | None:
         """Held-out labels over ``key`` from ``truth.npz``, or ``None`` when the run has none."""

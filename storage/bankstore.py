@@ -13,7 +13,9 @@ Neither of those modules knows the other; this one composes them:
   :func:`decode_makers`): a shard logs the names of makers as it registers them, since its records carry
   only its own int32 codes.
 - :func:`restore_point` picks what a re-homed shard rebuilds from; :func:`prune_snapshots` drops old
-  snapshots and the delta-log segments they covered.
+  snapshots and the delta-log segments they covered; :func:`truncate_log` drops the segments the newest
+  snapshot covers (what a committed snapshot of a bank does with ``carls.storage.log-history: newest``);
+  :func:`store_bytes` measures the store by part (snapshots, log).
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from carls_dask.errors import CorruptStoreError, LifecycleError, StoreNotFoundError
-from carls_dask.storage.deltalog import DeltaRecord, prune_segments, replay
-from carls_dask.storage.manifest import delta_seqs, entry_at_step, list_snapshots, read_manifest
+from carls_dask.storage.deltalog import DeltaRecord, log_bytes, prune_segments, replay
+from carls_dask.storage.manifest import SNAPSHOTS, delta_seqs, entry_at_step, list_snapshots, read_manifest
 from carls_dask.storage.snapshots import iter_snapshot, prune_versions, read_deleted, read_snapshot
 
 __all__ = [
@@ -41,6 +43,8 @@ __all__ = [
     "next_parent",
     "prune_snapshots",
     "restore_point",
+    "store_bytes",
+    "truncate_log",
 ]
 
 logger = logging.getLogger(__name__)
@@ -387,3 +391,53 @@ def prune_snapshots(root: str | os.PathLike[str], keep: int) -> list[int]:
         segs = prune_segments(root, delta_seqs(oldest))
         logger.info("pruned %d delta-log segments of %s", len(segs), root)
     return removed
+
+
+#: What a committed snapshot keeps of the delta log (``carls.storage.log-history``).
+LOG_HISTORY = ("newest", "kept")
+
+
+def truncate_log(root: str | os.PathLike[str], history: str = "newest") -> list[pathlib.Path]:
+    """Drop the delta-log segments a committed snapshot of ``root`` covers; returns the files removed.
+
+    ``history="newest"`` drops every segment the newest snapshot covers (the log then holds only what was
+    written after it: a point-in-time read gets any kept snapshot's step, and any step after the newest);
+    ``"kept"`` only those the oldest kept snapshot covers (step-exact reads back to it). A shard's newest
+    segment is never removed; a bank shard starts a new one at each snapshot, so nothing covered stays.
+    """
+    if history not in LOG_HISTORY:
+        raise LifecycleError(f"log truncation of {root}: history {history!r}; expected one of {LOG_HISTORY} "
+                             "(carls.storage.log-history)")
+    rootp = pathlib.Path(root)
+    snaps = list_snapshots(rootp) if rootp.is_dir() else []
+    if not snaps:
+        return []
+    man = read_manifest(rootp, int(snaps[-1 if history == "newest" else 0]["version"]))
+    removed = prune_segments(rootp, delta_seqs(man))
+    if removed:
+        logger.info("truncated %d delta-log segments of %s covered by snapshot v%d", len(removed), rootp,
+                    man["version"])
+    return removed
+
+
+def _tree_bytes(path: pathlib.Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:  # removed meanwhile (a prune)
+                pass
+    return total
+
+
+def store_bytes(root: str | os.PathLike[str]) -> dict[str, int]:
+    """The bytes of a bank store by part: ``snapshots`` (every version folder), ``log`` (the delta-log
+    segments), ``other`` (manifests, locks) and ``total``."""
+    rootp = pathlib.Path(root)
+    if not rootp.is_dir():
+        raise StoreNotFoundError(f"bank store {rootp}: no such folder; expected a run's bank folder (RUN/bank)")
+    snaps = _tree_bytes(rootp / SNAPSHOTS)
+    log = log_bytes(rootp)
+    total = _tree_bytes(rootp)
+    return {"snapshots": snaps, "log": log, "other": max(total - snaps - log, 0), "total": total}

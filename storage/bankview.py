@@ -35,7 +35,7 @@ from xarray.core import indexing
 from carls_dask.errors import CorruptStoreError, StoreNotFoundError, UnknownTableError
 from carls_dask.storage.bankstore import MAKERS_TABLE, BankReplay
 from carls_dask.storage.chunkio import open_checked
-from carls_dask.storage.deltalog import DeltaRecord, replay
+from carls_dask.storage.deltalog import DeltaRecord, pruned_after, replay
 from carls_dask.storage.manifest import (
     delta_seqs,
     entry_at_step,
@@ -183,6 +183,8 @@ def read_bank(
     entry = entry_at_step(rootp, step)
     man = read_manifest(rootp, entry["version"])
     tname = _pick_table(man, table, rootp)
+    if records is None:
+        records = _records_to(rootp, man, entry, step, [tname, MAKERS_TABLE])
     batches = BankReplay(rootp, entry["version"], step=step, tables=[tname], records=records)
     rows = _merge(batches)
     order = np.argsort(rows["keys"], kind="stable")
@@ -263,8 +265,22 @@ def _build(
 
 def _records_to(root: pathlib.Path, man: Mapping[str, Any], entry: Mapping[str, Any], step: int | None,
                 tables: list[str]) -> list[DeltaRecord]:
-    """The delta records after snapshot ``man`` up to ``step``; a step past the newest the store holds is an error."""
+    """The delta records after snapshot ``man`` up to ``step``; a step past the newest the store holds is an error.
+
+    When a newer snapshot truncated the log after ``man`` (``carls.storage.log-history: newest``), the snapshot's
+    own step reads as the snapshot and a step between it and the next kept snapshot is an error naming the
+    steps that can be read.
+    """
     since = delta_seqs(man)
+    if pruned_after(root, since):
+        if step == int(entry["step"]):
+            return []
+        kept = [int(e["step"]) for e in list_snapshots(root)]
+        raise StoreNotFoundError(
+            f"bank store {root}: step {step} falls between kept snapshots, and the delta log between them was "
+            f"removed when a newer snapshot truncated the log (carls.storage.log-history: newest); expected a kept "
+            f"snapshot's step {kept} or a step from the newest on, or carls.storage.log-history: kept for step-exact "
+            "reads")
     if step is None or step <= int(entry["step"]) or list_snapshots(root)[-1]["version"] != entry["version"]:
         return list(replay(root, since_seq=since, until_step=step, tables=tables))
     records = list(replay(root, since_seq=since, tables=tables))

@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import pathlib
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from carls_dask.errors import (
     CorruptStoreError,
     DeadlineExceeded,
+    DiskReserveError,
     StoreLockedError,
     StoreNotFoundError,
 )
@@ -26,6 +28,8 @@ from carls_dask.errors import (
 __all__ = [
     "WriterLock",
     "atomic_write_json",
+    "check_reserve",
+    "format_bytes",
     "fsync_dir",
     "fsync_tree",
     "read_json",
@@ -84,6 +88,39 @@ def fsync_tree(path: str | os.PathLike[str]) -> int:
         finally:
             os.close(fd)
     return total
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes for a message: ``"1.5 GiB"``, ``"12.0 MiB"``, ``"512 B"``."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def check_reserve(path: str | os.PathLike[str], nbytes: int, reserve: int, what: str) -> None:
+    """Refuse a write of ``nbytes`` under ``path`` that would leave less than ``reserve`` bytes free on its disk.
+
+    Called before anything of the write is done, so a refused write leaves nothing half written. The free
+    space is read at each call (one ``statvfs``, a few microseconds). ``reserve <= 0`` checks nothing.
+
+    Raises
+    ------
+    DiskReserveError
+        Naming ``what``, the bytes asked for, the free space and the reserve (``carls.storage.disk-reserve``).
+    """
+    if reserve <= 0:
+        return
+    p = pathlib.Path(path)
+    while not p.exists() and p != p.parent:  # the folder may not exist yet: its disk is its parent's
+        p = p.parent
+    free = shutil.disk_usage(p).free
+    if free - int(nbytes) < reserve:
+        raise DiskReserveError(
+            f"{what}: writing {format_bytes(nbytes)} would leave {format_bytes(max(free - int(nbytes), 0))} free on "
+            f"the disk of {path}, below the reserve of {format_bytes(reserve)} (carls.storage.disk-reserve); "
+            "nothing was written. Free some space (or lower the reserve) and continue"
+        )
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:

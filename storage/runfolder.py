@@ -38,9 +38,12 @@ __all__ = [
     "ACCURACY_BY_DIFFICULTY",
     "ADMITTED_FRACTION",
     "BANK",
+    "BANK_KB_PER_STEP",
     "BANK_LOOKUPS",
+    "BANK_MESSAGES_PER_STEP",
     "BANK_ROWS",
     "BANK_UPDATES",
+    "BANK_WAIT_MS_PER_STEP",
     "CHECKPOINTS",
     "DIFFICULTY_HIST",
     "ENTRIES",
@@ -62,6 +65,7 @@ __all__ = [
     "SAMPLED_FRACTION",
     "SCORED_FRACTION",
     "STEPS_PER_S",
+    "TRAINER_CPU_MS_PER_STEP",
     "TRAIN_LOSS",
     "TRUTH",
     "WALL_TIME",
@@ -133,6 +137,14 @@ STEPS_PER_S = "steps_per_s"
 MAKER_VERSION = "maker_version"
 #: Age of the model version the first maker used, in seconds (the sink's copy of its ``staleness_s``).
 MAKER_STALENESS_S = "maker_staleness_s"
+#: Messages a trainer's bank calls sent per step since its last report (one per shard a send involves).
+BANK_MESSAGES_PER_STEP = "bank_messages_per_step"
+#: Kilobytes of arrays a trainer's bank calls sent and received per step since its last report.
+BANK_KB_PER_STEP = "bank_kb_per_step"
+#: Milliseconds per step a trainer waited for the bank since its last report.
+BANK_WAIT_MS_PER_STEP = "bank_wait_ms_per_step"
+#: CPU milliseconds per step of the trainer's process since its last report.
+TRAINER_CPU_MS_PER_STEP = "trainer_cpu_ms_per_step"
 #: Cumulative count of bank rows looked up (a counter; the dashboard shows its rate).
 BANK_LOOKUPS = "bank_lookups"
 #: Cumulative count of bank rows updated (a counter; the dashboard shows its rate).

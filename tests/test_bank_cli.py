@@ -99,3 +99,31 @@ def test_restore_onto_three_shards_and_write_back(
     for name in a:
         assert a[name].tobytes() == b[name].tobytes(), name  # values, Adagrad slots and provenance
     assert read_manifest(dst)["makers"] == read_manifest(src)["makers"]
+
+
+def test_inspect_prints_the_folders_bytes_by_part_and_each_tables_durability(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    from carls_dask.bank import Column, KnowledgeBank, TableSpec
+    from carls_dask.bank_cli import _mb
+
+    made = TableSpec("made", columns=(Column("value", shape=(4,)),), optimizer=None, durability="group")
+    trained = TableSpec("trained", columns=(Column("embedding", shape=(4,)),), durability="snapshot")
+    keys = np.arange(200, dtype=np.int64)
+    with KnowledgeBank.local([made, trained], n_shards=2, buckets=16, log_root=str(tmp_path)) as bank:
+        for step in (1, 2):
+            bank.update("made", keys, {"value": np.full((200, 4), step, np.float32)})
+            bank.lookup("trained", keys, insert=True)
+            bank.snapshot(str(tmp_path), step)
+        bank.update("made", keys[:10], {"value": np.full((10, 4), 3, np.float32)})
+    log = sum(p.stat().st_size for p in (tmp_path / "delta").glob("shard-*/seg-*.log"))
+    snaps = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(tmp_path / "snapshots") for f in fs)
+    total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(tmp_path) for f in fs)
+    assert main(["bank", "inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert (f"bytes: {_mb(total)} = snapshots {_mb(snaps)} + delta log {_mb(log)} + other {_mb(total - snaps - log)}"
+            in out.splitlines())
+    assert "  durability group" in out and "  durability snapshot" in out
+    assert main(["bank", "inspect", str(tmp_path), "--version", "1"]) == 0
+    assert "delta log after v1: truncated by a newer snapshot (carls.storage.log-history)" in capsys.readouterr().out

@@ -1,8 +1,10 @@
 """The Dask actor shell around one :class:`~carls_dask.bank.core.ShardCore`.
 
-The actor adds only what needs a process: it holds the core, optionally appends every mutating
-batch to the shard's delta log before the call returns, writes its own state into a snapshot, and
-loads its rows back from a snapshot plus the delta log on restore. All semantics live in the core.
+The actor adds only what needs a process: it holds the core, appends the mutating batches of its logged
+tables to the shard's delta log before the call returns (each table's durability policy says whether the
+append is synced at once, ``every-write``, or with its group, ``group``; ``snapshot`` tables are not
+logged), writes its own state into a snapshot, and loads its rows back from a snapshot plus the delta log on
+restore. All semantics live in the core.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ from dask.utils import parse_bytes
 from carls_dask import config
 from carls_dask.bank import stages
 from carls_dask.bank.ann import AnnSettings
+from carls_dask.bank.calls import Failed
 from carls_dask.bank.core import LookupRows, ShardCore
 from carls_dask.bank.sampling import NegativeSample
 from carls_dask.bank.schema import TableSpec
 from carls_dask.bank.shard_sampler import SamplingSettings, ShardDraw
-from carls_dask.errors import ShardLostError
+from carls_dask.errors import InvalidBatchError, RolledBackError, ShardLostError
 from carls_dask.storage.bankstore import MAKERS_TABLE, BankReplay, encode_makers, restore_point
+from carls_dask.storage.fsutil import check_reserve
 
-__all__ = ["MAKERS_TABLE", "OP_ID", "BankShard"]
+__all__ = ["BATCHABLE", "MAKERS_TABLE", "OP_ID", "BankShard"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,22 +41,40 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _locked(method: _F) -> _F:
-    """Run the method under the shard's lock (actor calls and co-located direct calls may overlap)."""
+    """Run the method under the shard's lock (actor calls and co-located direct calls may overlap).
+
+    The ``fdatasync`` an ``every-write`` append owes is made after the lock is released and before the call
+    returns (group commit): the next call proceeds meanwhile, and one sync serves every caller waiting.
+    """
 
     @functools.wraps(method)
     def wrapper(self: BankShard, *args: Any, **kwargs: Any) -> Any:
         stages.begin()
+        local = self._local
         with self._lock:
-            if method.__name__ not in _AFTER_RETIRE:
-                self._check_live()
-            stages.mark("shard", "lock")
-            return method(self, *args, **kwargs)
+            local.depth = getattr(local, "depth", 0) + 1
+            try:
+                if method.__name__ not in _AFTER_RETIRE:
+                    self._check_live()
+                stages.mark("shard", "lock")
+                out = method(self, *args, **kwargs)
+            finally:
+                local.depth -= 1
+                due = self._take_sync() if local.depth == 0 else None
+        if due is not None:
+            due.flush()
+            stages.mark("shard", "delta log sync")
+        return out
 
     return wrapper  # type: ignore[return-value]
 
 
 #: Methods a retired shard still answers (everything else raises ShardLostError, which re-routes the call).
 _AFTER_RETIRE = frozenset({"close", "retire", "export_state", "ping"})
+
+#: Methods that may run inside :meth:`BankShard.batch` (the batched operations of a training step and
+#: the other per-key reads and writes).
+BATCHABLE = frozenset({"lookup", "update", "apply_gradients", "delete", "contains"})
 
 
 class _Logged:
@@ -84,6 +106,9 @@ OP_ID = "op_id"
 _RESTORE_BLOCK_BYTES = 64 << 20
 #: Operation ids (and their answers) a shard remembers for recognising a retried batch.
 _OPS_REMEMBERED = 4096
+#: Bytes of a delta-log frame besides its rows (frame head and JSON header), for the disk-reserve check.
+_FRAME_OVERHEAD = 4096
+
 
 class BankShard:
     """One knowledge-bank shard, run as a Dask actor (``client.submit(BankShard, ..., actor=True)``).
@@ -95,10 +120,15 @@ class BankShard:
     shard, n_shards, buckets, owned_buckets, initial_capacity
         See :class:`~carls_dask.bank.core.ShardCore`.
     log_root
-        Bank store folder; when given, every mutating batch is appended to this shard's
-        :class:`carls_dask.storage.deltalog.DeltaLog` before the call returns.
+        Bank store folder; when given, every mutating batch of a logged table (durability ``every-write`` or
+        ``group``) is appended to this shard's :class:`carls_dask.storage.deltalog.DeltaLog` before the call
+        returns, and a re-homed shard is rebuilt from it.
     log_sync
-        ``fdatasync`` each delta-log append (durability); off only for throw-away banks.
+        ``fdatasync`` the log at all (durability); off only for throw-away banks.
+    log_settings
+        Resolved on the driver: ``group_interval`` (seconds) and ``group_bytes`` of the ``group`` tables' syncs
+        (``carls.bank.log.*``), ``reserve``: free bytes the store's disk keeps (``carls.storage.disk-reserve``;
+        a logged write that would take it below is refused before anything changes).
     """
 
     def __init__(
@@ -111,6 +141,7 @@ class BankShard:
         initial_capacity: int = 1024,
         log_root: str | None = None,
         log_sync: bool = True,
+        log_settings: Mapping[str, Any] | None = None,
     ) -> None:
         specs = [TableSpec.from_json(t) for t in tables]
         self.core = ShardCore(
@@ -133,6 +164,7 @@ class BankShard:
             ),
         )
         self._lock = threading.RLock()
+        self._local = threading.local()  # per calling thread: lock depth, and whether a sync is owed
         self.log_root = log_root
         self.step = 0
         self._log: Any = None
@@ -144,25 +176,81 @@ class BankShard:
         # and the snapshot written whose commit is not yet known
         self._synced: tuple[str, int] | None = None
         self._pending: tuple[str, int] | None = None
-        if log_root is not None:
+        settings = dict(log_settings or {})
+        #: Each table's durability policy (a spec without one is ``every-write``).
+        self.policies: dict[str, str] = {t.name: t.durability or "every-write" for t in specs}
+        self._sync = bool(log_sync)
+        self._reserve = int(settings.get("reserve", 0))
+        # tables kept by snapshots that were rolled back to one when this shard was rebuilt: (version, step)
+        self._fenced: dict[str, tuple[int, int]] = {}
+        if log_root is not None and any(p != "snapshot" for p in self.policies.values()):
             from carls_dask.storage.deltalog import DeltaLog
 
-            self._log = DeltaLog(log_root, shard, sync=log_sync)
+            group = log_sync and "group" in self.policies.values()
+            self._log = DeltaLog(log_root, shard, sync=log_sync,
+                                 group_interval=float(settings.get("group_interval", 0.01)) if group else None,
+                                 group_bytes=int(settings.get("group_bytes", 8 << 20)), reserve=self._reserve)
             self.core.record_evictions(True)  # evictions of bounded tables are logged as deletes
 
     # -- delta log ----------------------------------------------------------------------------------
+    def _logged(self, table: str) -> bool:
+        """Whether writes of ``table`` go to the delta log (a log is open and its policy is not ``snapshot``)."""
+        return self._log is not None and self.policies.get(table, "every-write") != "snapshot"
+
+    def _synced_now(self, table: str) -> bool:
+        """Whether an append of ``table`` is synced before the call returns (``every-write``)."""
+        return self._sync and self.policies.get(table, "every-write") == "every-write"
+
+    def _append(self, table: str, op: str, arrays: Mapping[str, np.ndarray]) -> None:
+        """Append a frame of ``table``; an ``every-write`` one owes a sync before the call returns, which the
+        call makes once it has released the shard's lock (see :func:`_locked`)."""
+        assert self._log is not None
+        self._log.append(self.step, table, op, arrays, sync=False)
+        if self._synced_now(table):
+            self._local.due = True
+
+    def _take_sync(self) -> Any:
+        """The log whose sync the finished call owes (None when it owes none); called under the lock."""
+        due, self._local.due = getattr(self._local, "due", False), False
+        return self._log if due and self._log is not None else None
+
+    def _check_room(self, table: str, n: int, rows: bool = True) -> None:
+        """Refuse (before the core changes anything) a logged write of ``n`` keys that would take the store's
+        disk below the reserve: a frame of full rows (or of deleted keys) is estimated from the table's arrays."""
+        if self._reserve <= 0 or not self._logged(table) or self.log_root is None:
+            return
+        t = self.core.table(table)
+        per_row = 20
+        if rows:
+            per_row = 8 + sum(int(a.dtype.itemsize) * int(np.prod(a.shape[1:], dtype=np.int64)) for _, a in t.arrays())
+        check_reserve(self.log_root, _FRAME_OVERHEAD + int(n) * per_row, self._reserve,
+                      f"bank shard {self.core.shard}, table {table!r}")
+
+    def _check_fence(self, table: str) -> None:
+        """Refuse a write of a table rolled back to a snapshot until its writers roll back too (:meth:`rollback`)."""
+        cut = self._fenced.get(table)
+        if cut is None:
+            return
+        where = f"snapshot v{cut[0]} (step {cut[1]})" if cut[0] >= 0 else "its state before any snapshot (empty)"
+        raise RolledBackError(
+            f"bank shard {self.core.shard}: table {table!r} was rolled back to {where} when its shard was lost "
+            f"(durability 'snapshot'); it takes no writes until its writers roll back to step {cut[1]} too "
+            "(KnowledgeBank.rollback; a run does both itself)")
+
     def _log_makers(self) -> None:
         makers = self.core.makers
         if self._log is None or len(makers) <= self._logged_makers:
             return
         codes = list(range(self._logged_makers, len(makers)))
-        self._log.append(self.step, MAKERS_TABLE, "upsert", encode_makers(codes, [makers[c] for c in codes]))
+        # synced with the frame that needs it (the same file, written before it)
+        self._log.append(self.step, MAKERS_TABLE, "upsert", encode_makers(codes, [makers[c] for c in codes]),
+                         sync=False)
         self._logged_makers = len(makers)
 
     def _log_upsert(self, table: str, keys: np.ndarray, op_id: int | None = None) -> None:
         """Log the full rows the batch just wrote: the rows the core reports (no second look-up of the
         batch's keys), or those of ``keys`` when rows moved since (an eviction)."""
-        if self._log is None:
+        if not self._logged(table):
             return
         self._log_makers()
         written = self.core.written
@@ -173,10 +261,10 @@ class BankShard:
         if rows["keys"].size:
             if op_id is not None:
                 rows = {**rows, OP_ID: np.full(rows["keys"].shape[0], op_id, dtype=np.int64)}
-            self._log.append(self.step, table, "upsert", rows)
+            self._append(table, "upsert", rows)
 
     def _log_delete(self, table: str, keys: np.ndarray, op_id: int | None = None) -> None:
-        if self._log is None or keys.size == 0:
+        if not self._logged(table) or keys.size == 0:
             return
         k = np.unique(keys)
         from carls_dask.bank.hashing import bucket_of
@@ -184,7 +272,7 @@ class BankShard:
         arrays = {"keys": k, "bucket": bucket_of(k, self.core.buckets)}
         if op_id is not None:
             arrays[OP_ID] = np.full(k.shape[0], op_id, dtype=np.int64)
-        self._log.append(self.step, table, "delete", arrays)
+        self._append(table, "delete", arrays)
 
     def _log_evictions(self, table: str) -> None:
         """Log the rows a bounded table evicted (cap, TTL) as deletes, before the batch's own upserts.
@@ -241,19 +329,45 @@ class BankShard:
         keys: np.ndarray,
         columns: Sequence[str] | None = None,
         insert: bool = False,
+        counts: np.ndarray | None = None,
         op_id: int | None = None,
     ) -> LookupRows:
         """See :meth:`ShardCore.lookup_rows`; a retried ``insert`` batch (same ``op_id``) only reads."""
         if insert and self._seen(op_id, keys, "lookup") is not None:
             insert = False
-        res = self.core.lookup_rows(table, keys, columns=columns, insert=insert)
         if insert:
-            if self._log is not None:  # allocations and frequencies are state: log the rows
+            self._check_fence(table)
+            self._check_room(table, len(keys))
+        res = self.core.lookup_rows(table, keys, columns=columns, insert=insert, counts=counts)
+        if insert:
+            if self._logged(table):  # allocations and frequencies are state: log the rows
                 self._log_evictions(table)
                 self._log_upsert(table, np.asarray(keys, dtype=np.int64), op_id)
                 stages.mark("shard", "delta log")
             self._remember(op_id, True)
         return res
+
+    @_locked
+    def batch(self, ops: Sequence[tuple[str, tuple[Any, ...], Mapping[str, Any]]]) -> list[Any]:
+        """Run several calls in order under one hold of the lock: one message for a step's reads and pushes.
+
+        Each ``(method, args, kwargs)`` is one of :data:`BATCHABLE` and answers on its own, as if sent
+        alone: its answer, or :class:`~carls_dask.bank.calls.Failed` carrying its error (the calls after
+        it still run). A retired shard raises for the whole batch, which the client re-routes.
+        """
+        for method, _, _ in ops:
+            if method not in BATCHABLE:
+                raise InvalidBatchError(f"bank shard {self.core.shard}: {method!r} cannot run in a batch; expected "
+                                        f"one of {sorted(BATCHABLE)}")
+        out: list[Any] = []
+        for method, args, kwargs in ops:
+            try:
+                out.append(getattr(self, method)(*args, **kwargs))
+            except ShardLostError:
+                raise
+            except Exception as exc:
+                out.append(Failed(exc))
+        return out
 
     async def call_on_loop(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """``method(*args, **kwargs)`` run on the worker's event loop when the shard is free, else in a thread.
@@ -265,10 +379,17 @@ class BankShard:
         thread instead, so the event loop is never blocked on the shard's lock.
         """
         if self._lock.acquire(blocking=False):
+            local = self._local
+            local.depth = getattr(local, "depth", 0) + 1
             try:
-                return getattr(self, method)(*args, **kwargs)
+                out = getattr(self, method)(*args, **kwargs)
             finally:
+                local.depth -= 1
+                due = self._take_sync() if local.depth == 0 else None
                 self._lock.release()
+            if due is not None:  # the sync it owes, off the event loop and outside the lock
+                await asyncio.get_running_loop().run_in_executor(None, due.flush)
+            return out
         return await asyncio.get_running_loop().run_in_executor(
             None, functools.partial(getattr(self, method), *args, **kwargs))
 
@@ -280,6 +401,8 @@ class BankShard:
         """See :meth:`ShardCore.update`; returns the number of distinct keys written."""
         if (seen := self._seen(op_id, keys, "update")) is not None:
             return int(seen)
+        self._check_fence(table)
+        self._check_room(table, len(keys))
         written = self.core.update(table, keys, values, model_step=model_step, maker=maker)
         self._log_evictions(table)
         self._log_upsert(table, written, op_id)
@@ -295,13 +418,18 @@ class BankShard:
         grads: Mapping[str, np.ndarray] | np.ndarray,
         column: str = "embedding",
         learning_rate: float | None = None,
+        model_step: int | None = None,
+        maker: str | None = None,
         op_id: int | None = None,
     ) -> np.ndarray:
         """See :meth:`ShardCore.apply_gradients`; a retried batch (same ``op_id``) is not applied twice."""
         if (seen := self._seen(op_id, keys, "apply_gradients")) is not None:
             return np.asarray(seen, dtype=bool)
-        found = self.core.apply_gradients(table, keys, grads, column=column, learning_rate=learning_rate)
-        if self._log is not None and found.any():
+        self._check_fence(table)
+        self._check_room(table, len(keys))
+        found = self.core.apply_gradients(table, keys, grads, column=column, learning_rate=learning_rate,
+                                          model_step=model_step, maker=maker)
+        if self._logged(table) and found.any():
             self._log_upsert(table, np.asarray(keys, dtype=np.int64)[found], op_id)
         stages.mark("shard", "delta log")
         self._remember(op_id, found)
@@ -312,6 +440,8 @@ class BankShard:
         """See :meth:`ShardCore.delete`; a retried batch (same ``op_id``) answers as the first time."""
         if (seen := self._seen(op_id, keys, "delete")) is not None:
             return np.asarray(seen, dtype=bool)
+        self._check_fence(table)
+        self._check_room(table, len(keys), rows=False)
         present = self.core.delete(table, keys)
         self._log_delete(table, np.asarray(keys, dtype=np.int64)[present], op_id)
         self._remember(op_id, present)
@@ -320,6 +450,7 @@ class BankShard:
     @_locked
     def expire(self, table: str) -> int:
         """See :meth:`ShardCore.expire`; the expired rows are logged as deletes."""
+        self._check_fence(table)
         n = self.core.expire(table)
         self._log_evictions(table)
         return n
@@ -381,11 +512,21 @@ class BankShard:
 
     @_locked
     def stats(self) -> dict[str, Any]:
-        """See :meth:`ShardCore.stats`, plus the worker-side wall time."""
+        """See :meth:`ShardCore.stats`, plus the worker-side wall time and the CPU seconds its process has used."""
         out = self.core.stats()
         out["wall_time"] = time.time()
+        out["process_cpu_s"] = time.process_time()
         out["logging"] = self._log is not None
+        out["durability"] = dict(self.policies)
+        out["log"] = self._log.stats() if self._log is not None else None
+        out["rolled_back"] = {t: {"version": v, "step": st} for t, (v, st) in self._fenced.items()}
         return out
+
+    @_locked
+    def sync(self) -> int:
+        """Make every frame this shard logged durable now (``group`` tables' frames included); one
+        ``fdatasync`` serves every caller waiting. Returns the log's durable sequence number (0 without a log)."""
+        return self._log.flush() if self._log is not None else 0
 
     def ping(self) -> int:
         """Cheap liveness check; returns the shard id."""
@@ -416,12 +557,12 @@ class BankShard:
         from carls_dask.storage.snapshots import write_shard
 
         self._settle()
+        for table in self._fenced:
+            self._check_fence(table)  # a rolled-back table is not a state to keep
         if self._log is not None:
             self._log_makers()
         seq = int(self._log.seq) if self._log is not None else 0
-        n = self.core.size()
-        incremental = (not full and handle.parent is not None and self._synced == (str(handle.root), int(handle.parent))
-                       and self.core.changed_rows() <= float(max_changed) * max(n, 1))
+        incremental = self._incremental(str(handle.root), handle.parent, full, max_changed)
         self.core.freeze_changes()
         try:
             if incremental:
@@ -435,8 +576,26 @@ class BankShard:
             raise
         self._pending = (str(handle.root), int(handle.version))
         if self._log is not None:
-            self._log.roll()
+            self._log.roll(reopen=True)  # the frames the snapshot covers are all in older segments now
         return info
+
+    def _incremental(self, root: str, parent: int | None, full: bool, max_changed: float) -> bool:
+        """Whether this shard's next snapshot into ``root`` on ``parent`` is an increment (see :meth:`snapshot`)."""
+        return (not full and parent is not None and self._synced == (str(root), int(parent))
+                and self.core.changed_rows() <= float(max_changed) * max(self.core.size(), 1))
+
+    @_locked
+    def snapshot_bytes(self, root: str, parent: int | None, full: bool = False, max_changed: float = 0.5) -> int:
+        """About the bytes :meth:`snapshot` would write into ``root`` now (its rows, or only the changed ones),
+        for the disk-reserve check made before a snapshot begins."""
+        self._settle()
+        inc = self._incremental(str(root), parent, full, max_changed)
+        total = 0
+        for name, t in self.core.tables.items():
+            rows = self.core.dirty[name].count(t.n) if inc else t.n
+            per_row = sum(int(a.dtype.itemsize) * int(np.prod(a.shape[1:], dtype=np.int64)) for _, a in t.arrays())
+            total += rows * per_row
+        return total
 
     @_locked
     def settle_snapshot(self) -> bool | None:
@@ -526,11 +685,17 @@ class BankShard:
         there, snapshot ``base`` (``(root, version)`` the bank was restored from, if any) plus the
         whole log of ``root``; without either, the whole log.
 
+        A table kept by snapshots alone (durability ``snapshot``) comes back as that snapshot holds it: what
+        was written since died with the old shard. Such a table is fenced (writes raise
+        :class:`~carls_dask.errors.RolledBackError`) until :meth:`rollback` lifts it, once its writers are
+        rolled back to the snapshot's step too (one consistent cut; a run's Workbench does it).
+
         Returns
         -------
         dict
             ``rows`` read from a snapshot, delta ``records`` applied, the snapshot ``version`` of ``root``
-            used (-1 for none) and the ``seconds`` it took.
+            used (-1 for none), the ``seconds`` it took and ``rolled_back``: the step each snapshot-kept
+            table came back at.
         """
         t0 = time.perf_counter()
         src, version = restore_point(root, base)
@@ -540,8 +705,55 @@ class BankShard:
             self.core.reserve(table, self.core.size(table) + rows)
         done = self._apply(batches)
         used = int(version) if src is not None and src == str(root) and version is not None else -1
-        out = {**done, "version": used, "seconds": time.perf_counter() - t0}
+        step = int(batches.manifest["step"]) if batches.manifest is not None else 0
+        for table, policy in self.policies.items():
+            if policy == "snapshot":
+                self._fenced[table] = (used, step)
+        out = {**done, "version": used, "seconds": time.perf_counter() - t0,
+               "rolled_back": {t: step for t in self._fenced}}
         logger.info("shard %d re-homed from %s: %s", self.core.shard, root, out)
+        return out
+
+    @_locked
+    def rollback(self, root: str, version: int | None, tables: Sequence[str]) -> dict[str, int]:
+        """Bring ``tables`` back to snapshot ``version`` of ``root`` (None: empty, as before any snapshot).
+
+        Every row they hold now is dropped, then the rows of this shard's buckets are read from the snapshot
+        (its chain); nothing of the delta log is applied (tables kept by snapshots have none). The tables'
+        fence (see :meth:`rehome_restore`) is lifted, and the next snapshot of this shard is written in full.
+
+        Returns
+        -------
+        dict
+            Rows read per table.
+        """
+        for table in tables:
+            self.core.table(table)  # unknown tables raise before anything changes
+        for table in tables:
+            keys = self.core.keys(table)
+            if keys.size:
+                self.core.delete(table, keys)
+            self.core.take_evicted(table)
+        out = dict.fromkeys(tables, 0)
+        if version is not None and int(version) >= 0:
+            batches = BankReplay(root, int(version), replay_log=False, buckets=self.core.owned_buckets,
+                                 tables=list(tables), block_bytes=_RESTORE_BLOCK_BYTES)
+            for table, rows in batches.expected_rows().items():
+                self.core.reserve(table, rows)
+            for batch in batches:
+                if batch.op == "delete":  # an increment's deleted keys
+                    mine = self.core._owned_mask[self._buckets(batch.arrays["keys"])]
+                    if mine.any():
+                        self.core.delete(batch.table, batch.arrays["keys"][mine])
+                    continue
+                out[batch.table] += self.core.import_rows(batch.table, batch.arrays, makers=batch.makers)
+        for table in tables:
+            self._fenced.pop(table, None)
+        self._synced = None  # the change marks no longer describe the difference to any snapshot
+        if self._log is not None:
+            self._log_makers()
+        logger.info("shard %d: tables %s rolled back to snapshot v%s of %s (%s rows)", self.core.shard,
+                    list(tables), version, root, out)
         return out
 
     @_locked

@@ -17,7 +17,9 @@ handles. Written against ``distributed`` 2026.8.0 (``dask`` 2026.8.0). Besides t
 * ``Actor._scheduler_rpc.who_has(keys=[...])`` answers ``{key: [addresses]}`` (:func:`scheduler_holds`);
 * ``vars(actor)["_client"]``/``vars(actor)["_worker"]``: what the handle is bound to (a client's
   ``status`` is ``"closing"`` or ``"closed"`` once it was closed: :meth:`ShardTable.closed_client`), and
-  ``distributed.utils.sync(worker.loop, fn)`` to run on a worker's loop (:func:`run_on_loop`);
+  ``distributed.utils.sync(worker.loop, fn)`` to run on a worker's loop (:func:`run_on_loop`); the
+  asyncio loop under that client's or worker's tornado ``IOLoop`` (``IOLoop.asyncio_loop``) to start a
+  call there without waiting (:func:`send_call`);
 * ``Actor(cls, address, key)`` builds a handle from a key and an address (:func:`actor_handle`);
 * ``Worker.state.actors[key]`` holds the actor object itself (:func:`worker_actors`, co-located calls);
 * ``Worker._get_client()``: a client of the worker's scheduler from a worker thread (:func:`worker_client`);
@@ -28,6 +30,7 @@ handles. Written against ``distributed`` 2026.8.0 (``dask`` 2026.8.0). Besides t
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -48,6 +51,7 @@ __all__ = [
     "release_handle",
     "run_on_loop",
     "scheduler_holds",
+    "send_call",
     "shard_error",
     "start_shard",
     "watch_all",
@@ -186,6 +190,28 @@ def run_on_loop(handle: Any, fn: Callable[[], Any]) -> Any:
 
         worker = get_worker()
     return sync(worker.loop, fn)
+
+
+def send_call(handle: Any, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> concurrent.futures.Future:
+    """Start ``method`` of the actor of ``handle`` (:func:`execute`) on the event loop of the client or worker the
+    handle is bound to, and return a future of its answer at once.
+
+    Used instead of calling the handle's method (``handle.method(...)``): distributed runs that call as a loop
+    callback, and when the actor's worker dies while it waits, the loop logs the callback's error (a
+    ``FutureCancelledError`` traceback on the console) besides the caller seeing it. Here the error lands in
+    the returned future only: the caller handles a lost shard (re-homing) and nothing reaches the console.
+    """
+    client = handle_client(handle)
+    if client is not None:
+        io_loop = client.loop
+    else:
+        worker = vars(handle).get("_worker")
+        if worker is None:
+            from distributed import get_worker
+
+            worker = get_worker()
+        io_loop = worker.loop
+    return asyncio.run_coroutine_threadsafe(execute(handle, method, args, kwargs), io_loop.asyncio_loop)
 
 
 def start_shard(client: Any, cls: type, args: Sequence[Any], worker: str, key: str) -> Any:

@@ -14,10 +14,14 @@ the same code for both.
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import logging
+import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -26,6 +30,7 @@ from carls_dask.bank import stages
 from carls_dask.bank.actor import BankShard
 from carls_dask.bank.ann import METHODS
 from carls_dask.bank.batchpass import route, take_rows
+from carls_dask.bank.calls import Failed, ShardCall, fuse, payload_bytes, stamp_op_ids, unfuse
 from carls_dask.bank.changes import ChangeBatch, ChangeCursor
 from carls_dask.bank.core import LookupResult, gather_rows
 from carls_dask.bank.hashing import bucket_of, to_int64_keys
@@ -34,19 +39,22 @@ from carls_dask.bank.sampling import SAMPLERS, NegativeSample
 from carls_dask.bank.schema import (
     TableSpec,
     check_batch_size,
+    check_counts,
+    check_durability,
     check_gradients,
     check_keys,
     check_max_staleness,
+    check_provenance,
     check_sample_size,
     check_top_k_query,
     check_update,
     unknown_table,
 )
 from carls_dask.bank.shard_sampler import expected_counts, split_quota
-from carls_dask.bank.transport import DaskTransport, LocalTransport, ShardCall, stamp_op_ids
-from carls_dask.errors import InvalidBatchError, LifecycleError
+from carls_dask.bank.transport import DaskTransport, LocalTransport
+from carls_dask.errors import ConfigError, InvalidBatchError, LifecycleError
 
-__all__ = ["KnowledgeBank"]
+__all__ = ["BankBatch", "BankCounters", "CheckedPush", "KnowledgeBank"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,13 +67,14 @@ _LOOP_KEYS = 32768
 
 
 def _resolve(spec: TableSpec) -> TableSpec:
-    if spec.is_resolved:
+    if spec.is_resolved and spec.durability is not None:
         return spec
     return spec.resolve(
         optimizer=config.get("bank.optimizer"),
         learning_rate=float(config.get("bank.learning-rate")),
         initializer=config.get("bank.initializer"),
         init_scale=float(config.get("bank.init-scale")),
+        durability=check_durability(config.get("bank.durability"), "carls.bank.durability"),
     )
 
 
@@ -89,13 +98,24 @@ def _plan(what: str, tables: Sequence[TableSpec], n_shards: int | None,
     return specs, _owner_map(b, n), b
 
 
+def log_settings() -> dict[str, Any]:
+    """The delta log's settings, resolved here (the driver) and passed to the shards: the group commit's
+    ``group_interval`` and ``group_bytes`` (``carls.bank.log.*``) and the disk ``reserve``
+    (``carls.storage.disk-reserve``)."""
+    interval = config.get_seconds("bank.log.group-interval")
+    if not interval > 0:
+        raise ConfigError(f"carls.bank.log.group-interval: {interval!r}; expected a duration > 0 such as '10ms'")
+    return {"group_interval": interval, "group_bytes": config.get_bytes("bank.log.group-bytes"),
+            "reserve": config.get_bytes("storage.disk-reserve")}
+
+
 def _shard_args(specs: Sequence[TableSpec], owner: np.ndarray, buckets: int, initial_capacity: int,
-                log_root: str | None, log_sync: bool) -> list[tuple[Any, ...]]:
+                log_root: str | None, log_sync: bool, settings: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """The :class:`BankShard` arguments of each shard."""
     n = int(owner.max()) + 1
     tables = [t.to_json() for t in specs]
-    return [(tables, s, n, buckets, np.flatnonzero(owner == s).tolist(), initial_capacity, log_root, log_sync)
-            for s in range(n)]
+    return [(tables, s, n, buckets, np.flatnonzero(owner == s).tolist(), initial_capacity, log_root, log_sync,
+             dict(settings)) for s in range(n)]
 
 
 def _keys_in(idx: Any, keys: np.ndarray) -> int:
@@ -108,10 +128,203 @@ def _rows(values: np.ndarray, idx: Any) -> np.ndarray:
     return values if isinstance(idx, slice) else take_rows(values, idx)
 
 
+def _same_path(a: str, b: str) -> bool:
+    import os
+
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def _lineage(man: Mapping[str, Any], default: str) -> str:
     """The lineage a snapshot's bank had (its name when the snapshot predates lineages)."""
     meta = man.get("meta", {})
     return str(meta.get("lineage") or meta.get("name") or default)
+
+
+@dataclasses.dataclass
+class _Plan:
+    """One operation as the calls it sends (at most one per shard) and how their answers make its result."""
+
+    calls: list[ShardCall]
+    merge: Callable[[list[Any]], Any]
+
+
+@dataclasses.dataclass
+class BankCounters:
+    """What this bank object has sent since it was made (or :meth:`KnowledgeBank.reset_counters`).
+
+    Attributes
+    ----------
+    sends
+        Sends: each carries one message to each shard it involves, however many operations it holds.
+    messages
+        Messages to shards (a shard's operations of one send travel as one message).
+    operations
+        Operations carried (a lookup of one table is one operation, whatever the number of shards).
+    bytes_sent, bytes_received
+        Bytes of the arrays sent and answered (keys, values, gradients, rows, provenance).
+    wait_s
+        Seconds the callers waited for answers.
+    """
+
+    sends: int = 0
+    messages: int = 0
+    operations: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    wait_s: float = 0.0
+
+
+class Drainable(Protocol):
+    """Something that holds operations for a bank and sends them before any other call (see :meth:`KnowledgeBank.attach`)."""
+
+    def drain(self) -> None:
+        """Send what is held and wait until it has landed."""
+
+    def stop(self) -> None:
+        """Release what it runs on (the bank is closing; everything was drained)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedPush:
+    """A gradient push checked by :meth:`KnowledgeBank.check_push`: ``int64`` keys, gradients by column (cast),
+    learning rate and provenance."""
+
+    table: str
+    keys: np.ndarray
+    grads: dict[str, np.ndarray]
+    column: str
+    learning_rate: float | None
+    model_step: int | None
+    maker: str | None
+
+    def joins(self, other: CheckedPush) -> bool:
+        """Whether ``other`` may be sent as part of this push (same table, columns, rate and provenance)."""
+        return (self.table, self.column, self.learning_rate, self.model_step, self.maker, sorted(self.grads)) == (
+            other.table, other.column, other.learning_rate, other.model_step, other.maker, sorted(other.grads))
+
+    @staticmethod
+    def join(parts: Sequence[CheckedPush]) -> CheckedPush:
+        """One push of every part's keys and gradients: the shard sums a key's gradients, as one update."""
+        first = parts[0]
+        if len(parts) == 1:
+            return first
+        return dataclasses.replace(first, keys=np.concatenate([p.keys for p in parts]),
+                                   grads={c: np.concatenate([p.grads[c] for p in parts]) for c in first.grads})
+
+
+class BankBatch:
+    """Operations sent together: one message per shard, run by each shard in the order they were added.
+
+    The bank's answer to a Redis pipeline, or to TorchRec's one input distribution for every table of a
+    collection: a step that reads three tables and pushes the gradients of three sends two messages to
+    each shard instead of six (or one: the pushes of a step and the reads of the next). Each method
+    checks its arguments at once (a bad one raises there, and nothing is sent) and returns a
+    :class:`concurrent.futures.Future` whose ``result()`` is what the bank's method of the same name
+    returns, after :meth:`send`. Each operation succeeds or fails on its own, as if sent alone.
+
+    Examples
+    --------
+    >>> with bank.batch() as b:                                  # doctest: +SKIP
+    ...     users = b.lookup("users", user_ids, insert=True)
+    ...     items = b.lookup("items", item_ids, insert=True)
+    >>> users.result().values["embedding"].shape                 # doctest: +SKIP
+    (1024, 32)
+    """
+
+    def __init__(self, bank: KnowledgeBank) -> None:
+        self.bank = bank
+        self._plans: list[tuple[_Plan | Callable[[], _Plan], concurrent.futures.Future[Any]]] = []
+        self._sent = False
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def _add(self, plan: _Plan | Callable[[], _Plan]) -> concurrent.futures.Future[Any]:
+        if self._sent:
+            raise LifecycleError(f"bank {self.bank.name!r}: this batch was sent already; expected a new bank.batch()")
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._plans.append((plan, fut))
+        return fut
+
+    def lookup(self, table: str, keys: Any, columns: Sequence[str] | None = None, insert: bool = False,
+               max_staleness: float | None = None, *, counts: Any = None,
+               late: bool = False) -> concurrent.futures.Future[LookupResult]:
+        """:meth:`KnowledgeBank.lookup`, sent with the batch.
+
+        ``late=True`` checks and routes the keys when the batch is sent, in the sending thread (a bad argument
+        is then that lookup's error): for a caller whose keys are checked already and whose batch is sent
+        by another thread, such as the embedding layers' queue.
+        """
+        if late:
+            return self._add(lambda: self.bank._plan_lookup(table, keys, columns, insert, max_staleness, counts))
+        return self._add(self.bank._plan_lookup(table, keys, columns, insert, max_staleness, counts))
+
+    def update(self, table: str, keys: Any, values: Mapping[str, Any], *, model_step: int = 0,
+               maker: str = "") -> concurrent.futures.Future[int]:
+        """:meth:`KnowledgeBank.update`, sent with the batch."""
+        return self._add(self.bank._plan_update(table, keys, values, model_step, maker))
+
+    def apply_gradients(self, table: str, keys: Any, grads: Mapping[str, Any] | np.ndarray,
+                        column: str = "embedding", learning_rate: float | None = None, *,
+                        model_step: int | None = None, maker: str | None = None) -> concurrent.futures.Future[np.ndarray]:
+        """:meth:`KnowledgeBank.apply_gradients`, sent with the batch."""
+        return self._add(self.bank._plan_apply_gradients(table, keys, grads, column, learning_rate, model_step,
+                                                         maker))
+
+    def push(self, build: Callable[[], CheckedPush]) -> concurrent.futures.Future[np.ndarray]:
+        """A gradient push whose parts are known only when the batch is sent: ``build()`` (called by :meth:`send`)
+        gives it, checked. Its place in the batch is here."""
+        return self._add(lambda: self.bank._plan_push(build()))
+
+    def delete(self, table: str, keys: Any) -> concurrent.futures.Future[np.ndarray]:
+        """:meth:`KnowledgeBank.delete`, sent with the batch."""
+        return self._add(self.bank._plan_delete(table, keys))
+
+    def contains(self, table: str, keys: Any) -> concurrent.futures.Future[np.ndarray]:
+        """:meth:`KnowledgeBank.contains`, sent with the batch."""
+        return self._add(self.bank._plan_contains(table, keys))
+
+    def send(self, timeout: float | None = None) -> None:
+        """Send every operation (one message per shard), then set each future's result or error.
+
+        An error that stops the whole send (a closed bank, a shard that did not come back) is set on every
+        future and raised. ``timeout`` bounds each shard's answer (default the bank's call timeout).
+        """
+        if self._sent:
+            raise LifecycleError(f"bank {self.bank.name!r}: this batch was sent already; expected a new bank.batch()")
+        self._sent = True
+        plans: list[tuple[_Plan, concurrent.futures.Future[Any]]] = []
+        for p, fut in self._plans:
+            if isinstance(p, _Plan):
+                plans.append((p, fut))
+                continue
+            try:  # a push built now: an error in building it is its own
+                plans.append((p(), fut))
+            except Exception as exc:
+                fut.set_exception(exc)
+        if not plans:
+            return
+        try:
+            results = self.bank._send([p for p, _ in plans], timeout)
+        except BaseException as exc:
+            for _, fut in plans:
+                fut.set_exception(exc)
+            raise
+        for (_, fut), r in zip(plans, results, strict=True):
+            if isinstance(r, Failed):
+                fut.set_exception(r.exc)
+            else:
+                fut.set_result(r)
+
+    def __enter__(self) -> BankBatch:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        if exc_type is None:
+            self.send()
+            for _, fut in self._plans:  # the first error of an operation, as a direct call would raise it
+                if fut.exception() is not None:
+                    raise fut.exception()  # type: ignore[misc]
 
 
 class KnowledgeBank:
@@ -147,6 +360,26 @@ class KnowledgeBank:
         self.timeout = float(timeout)
         self.log_root = log_root
         self._closed = False
+        self._init_process_state()
+
+    def _init_process_state(self) -> None:
+        """What belongs to this bank object in this process only (a pickled copy starts without it)."""
+        self.counters = BankCounters()
+        self._counter_lock = threading.Lock()
+        self._attached: list[Drainable] = []
+        self._draining = threading.local()
+        #: ``(maker, model_step)`` recorded with gradient pushes that name neither (see :meth:`set_writer`)
+        self.writer: tuple[str, int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for k in ("counters", "_counter_lock", "_attached", "_draining", "writer"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_process_state()
 
     # -- construction -------------------------------------------------------------------------------
     @classmethod
@@ -225,7 +458,7 @@ class KnowledgeBank:
                      log_root: str | None, log_sync: bool, initial_capacity: int) -> KnowledgeBank:
         shards: list[BankShard] = []
         try:
-            for a in _shard_args(specs, owner, buckets, initial_capacity, log_root, log_sync):
+            for a in _shard_args(specs, owner, buckets, initial_capacity, log_root, log_sync, log_settings()):
                 shards.append(BankShard(*a))
         except BaseException:
             for shard in shards:  # release the delta logs already opened
@@ -253,18 +486,20 @@ class KnowledgeBank:
         addrs = list(workers) if workers else sorted(client.scheduler_info(n_workers=-1)["workers"])
         if not addrs:
             raise LifecycleError(f"bank {name!r}: the cluster has no workers to place {n} shards on")
-        args = _shard_args(specs, owner, buckets, initial_capacity, log_root, log_sync)
+        settings = log_settings()
+        args = _shard_args(specs, owner, buckets, initial_capacity, log_root, log_sync, settings)
         placed = [addrs[s % len(addrs)] for s in range(n)]
         transport = DaskTransport.start(client, name, BankShard, args, placed, timeout,
                                         config.get_seconds("bank.rehome-timeout"))
         logger.info("bank %s: %d shards on %s", name, n, sorted(set(placed)))
         publish_table(client, transport.table, [t.to_json() for t in specs], [a[4] for a in args],
-                      buckets=buckets, initial_capacity=initial_capacity, log_root=log_root, log_sync=log_sync)
+                      buckets=buckets, initial_capacity=initial_capacity, log_root=log_root, log_sync=log_sync,
+                      log_settings=settings)
         if log_root is not None:
             install_walltime_plugin(client)
         return cls(transport, specs, buckets=buckets, owner=owner, name=name, timeout=timeout, log_root=log_root)
 
-    # pickling is the default: the transport decides what a copy carries
+    # pickling: the transport decides what a copy carries; counters and attached queues stay here
     def __repr__(self) -> str:
         return (f"<KnowledgeBank {self.name!r}: {self.n_shards} {self._transport.kind} shards, "
                 f"tables {sorted(self._specs)}>")
@@ -293,6 +528,11 @@ class KnowledgeBank:
     def tables(self) -> dict[str, TableSpec]:
         """The (resolved) table specs by name."""
         return dict(self._specs)
+
+    @property
+    def durability(self) -> dict[str, str]:
+        """Each table's durability policy (``every-write``, ``group`` or ``snapshot``; see docs/durability.md)."""
+        return {name: t.durability or "every-write" for name, t in self._specs.items()}
 
     def spec(self, table: str) -> TableSpec:
         """The spec of ``table`` (raises :class:`UnknownTableError`)."""
@@ -325,27 +565,118 @@ class KnowledgeBank:
         return routes
 
     def _call(self, calls: Sequence[ShardCall], timeout: float | None = None) -> list[Any]:
-        """Send every call through the transport and return the answers in order (the one path of
-        every operation). Mutating calls get the batch's operation id. ``timeout`` bounds each call
-        (default the call timeout)."""
+        """The answers of the calls of one operation, in order (its mutating calls share one operation id);
+        raises the first call's error."""
+        answers = self._send([_Plan(list(calls), list)], timeout)[0]
+        if isinstance(answers, Failed):
+            raise answers.exc
+        return answers
+
+    def _run(self, plan: _Plan, timeout: float | None = None) -> Any:
+        """Send one operation and return its result (raises its error)."""
+        out = self._send([plan], timeout)[0]
+        if isinstance(out, Failed):
+            raise out.exc
+        return out
+
+    def _send(self, plans: Sequence[_Plan], timeout: float | None = None) -> list[Any]:
+        """Send operations, each shard's calls as one message, and return each result (or its :class:`Failed`).
+
+        The one path of every operation. Each operation's mutating calls get one operation id of their own.
+        Queues attached to this bank (:meth:`attach`) are drained first, so the call sees every operation
+        they held. ``timeout`` bounds each shard's answer (default the call timeout).
+        """
         self._check_open()
-        stamped = stamp_op_ids(calls)
+        if self._attached:
+            self.flush()
+        calls: list[ShardCall] = []
+        spans = []
+        for p in plans:
+            spans.append((len(calls), len(calls) + len(p.calls)))
+            calls.extend(stamp_op_ids(p.calls))
+        sent, where = fuse(calls)
         stages.mark("client", "building calls")
-        return self._transport.call(stamped, self.timeout if timeout is None else timeout)
+        t0 = time.perf_counter()
+        answers = unfuse(self._transport.call(sent, self.timeout if timeout is None else timeout), where)
+        waited = time.perf_counter() - t0
+        with self._counter_lock:
+            c = self.counters
+            c.sends += 1
+            c.messages += len(sent)
+            c.operations += len(plans)
+            c.bytes_sent += sum(payload_bytes(x.args) + payload_bytes(x.kwargs) for x in sent)
+            c.bytes_received += payload_bytes(answers)
+            c.wait_s += waited
+        out: list[Any] = []
+        for p, (a, b) in zip(plans, spans, strict=True):
+            part = answers[a:b]
+            failed = next((x for x in part if isinstance(x, Failed)), None)
+            if failed is not None:
+                out.append(failed)
+                continue
+            try:
+                out.append(p.merge(part))
+            except Exception as exc:  # answers that cannot be put together: that operation's error
+                out.append(Failed(exc))
+        return out
+
+    def batch(self) -> BankBatch:
+        """Operations to send together, one message per shard (see :class:`BankBatch`)."""
+        self._check_open()
+        return BankBatch(self)
+
+    def attach(self, queue: Drainable) -> None:
+        """Have every call through this bank object first drain ``queue`` (which holds operations for it).
+
+        A layer's queue (:mod:`carls_dask.nn.pipeline`) holds gradient pushes until the next call it
+        sends; attached, any other call in this process (``bank.lookup``, a snapshot) sees them first.
+        """
+        if queue not in self._attached:
+            self._attached.append(queue)
+
+    def detach(self, queue: Drainable) -> None:
+        """Stop draining ``queue`` before calls."""
+        if queue in self._attached:
+            self._attached.remove(queue)
+
+    def sending_for_queue(self) -> Any:
+        """A context in which this thread's calls do not drain attached queues (the queue's own sends)."""
+        return _Draining(self._draining)
+
+    def reset_counters(self) -> BankCounters:
+        """Return the counters so far and start new ones."""
+        with self._counter_lock:
+            out, self.counters = self.counters, BankCounters()
+        return out
+
+    def set_writer(self, maker: str | None, model_step: int | None = None) -> None:
+        """Provenance of gradient pushes that give none: the trainer's name and step (None: keep the rows').
+
+        The runtime sets it before each of a trainer's steps, so rows a layer's backward trains read
+        that trainer and step in ``bank.lookup(...).model_step`` and the dashboard's bank health.
+        """
+        if maker is None:
+            self.writer = None
+            return
+        check_provenance("(writer)", int(model_step or 0), maker)
+        self.writer = (str(maker), int(model_step or 0))
 
     def _every_shard(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
         """``method(*args)`` on every shard (a read, or a step that carries no operation id)."""
         return self._call([ShardCall(s, method, args) for s in range(self.n_shards)], timeout)
 
-    def _batch(self, routes: Sequence[tuple[int, Any]], make: Callable[[int, Any], ShardCall],
-               n: int) -> np.ndarray:
+    @staticmethod
+    def _mask_plan(routes: Sequence[tuple[int, Any]], make: Callable[[int, Any], ShardCall], n: int) -> _Plan:
         """One call per route; the boolean answers scattered back into ``bool[n]`` in key order."""
-        parts = self._call([make(s, idx) for s, idx in routes])
-        out = np.empty(n, dtype=bool)
-        for (_, idx), p in zip(routes, parts, strict=True):
-            out[idx] = p
-        stages.mark("client", "reassembly")
-        return out
+
+        def merge(parts: list[Any]) -> np.ndarray:
+            out = np.empty(n, dtype=bool)
+            for (_, idx), p in zip(routes, parts, strict=True):
+                out[idx] = p
+            stages.mark("client", "reassembly")
+            return out
+
+        return _Plan([make(s, idx) for s, idx in routes], merge)
 
     def _keys(self, table: str, keys: Any) -> np.ndarray:
         check_batch_size(table, "keys", len(keys) if hasattr(keys, "__len__") and not isinstance(keys, str | bytes) else 1)
@@ -359,34 +690,46 @@ class KnowledgeBank:
         columns: Sequence[str] | None = None,
         insert: bool = False,
         max_staleness: float | None = None,
+        *,
+        counts: Any = None,
     ) -> LookupResult:
         """Read rows of ``keys`` in order (see :meth:`ShardCore.lookup`); missing keys are flagged in ``found``.
 
         With ``insert=True`` missing keys are allocated with the deterministic initializer and every
-        occurrence of a key adds one to its frequency.
+        occurrence of a key adds one to its frequency -- or, with ``counts`` (``int64[n]``, >= 1), adds
+        ``counts[i]`` for ``keys[i]``: a caller that sends each key once says how often it occurred.
         """
+        return self._run(self._plan_lookup(table, keys, columns, insert, max_staleness, counts))
+
+    def _plan_lookup(self, table: str, keys: Any, columns: Sequence[str] | None, insert: bool,
+                     max_staleness: float | None, counts: Any = None) -> _Plan:
         stages.begin()
         spec = self.spec(table)
         names = list(spec.column_names) if columns is None else [spec.column(c).name for c in columns]
         check_max_staleness(table, max_staleness)
         k = self._keys(table, keys)
+        c = None if counts is None else check_counts(table, counts, k.shape[0])
         stages.mark("client", "key conversion")
         routes = self._route(k)
-        split = [(s, k[idx]) for s, idx in routes]
+        split = [(s, k[idx], None if c is None else c[idx]) for s, idx in routes]
         stages.mark("client", "splitting")
         if insert:  # allocates and counts: a mutating batch
-            calls = [ShardCall(s, "lookup", (table, ks, names), {"insert": True}, mutating=True,
-                               on_loop=ks.size <= _LOOP_KEYS) for s, ks in split]
+            calls = [ShardCall(s, "lookup", (table, ks, names), {"insert": True} if cs is None else
+                               {"insert": True, "counts": cs}, mutating=True, on_loop=ks.size <= _LOOP_KEYS)
+                     for s, ks, cs in split]
         else:  # a read, which a remote shard serves on its worker's event loop
-            calls = [ShardCall(s, "lookup", (table, ks, names), on_loop=True) for s, ks in split]
-        parts = self._call(calls)
-        if len(routes) == 1:
-            out = parts[0].result(max_staleness)
-        else:
-            out = gather_rows([(idx, r) for (_, idx), r in zip(routes, parts, strict=True)], k.shape[0],
-                              {c: spec.column(c) for c in names}, max_staleness)
-        stages.mark("client", "reassembly")
-        return out
+            calls = [ShardCall(s, "lookup", (table, ks, names), on_loop=True) for s, ks, _ in split]
+
+        def merge(parts: list[Any]) -> LookupResult:
+            if len(routes) == 1:
+                out = parts[0].result(max_staleness)
+            else:
+                out = gather_rows([(idx, r) for (_, idx), r in zip(routes, parts, strict=True)], k.shape[0],
+                                  {c: spec.column(c) for c in names}, max_staleness)
+            stages.mark("client", "reassembly")
+            return out
+
+        return _Plan(calls, merge)
 
     def update(
         self,
@@ -398,6 +741,9 @@ class KnowledgeBank:
         maker: str = "",
     ) -> int:
         """Write column values (upsert; last write wins within a batch); returns distinct keys written."""
+        return int(self._run(self._plan_update(table, keys, values, model_step, maker)))
+
+    def _plan_update(self, table: str, keys: Any, values: Mapping[str, Any], model_step: int, maker: str) -> _Plan:
         stages.begin()
         spec = self.spec(table)
         k = self._keys(table, keys)
@@ -407,9 +753,9 @@ class KnowledgeBank:
         routes = self._route(k)
         split = [(s, k[idx], {c: _rows(v, idx) for c, v in checked.items()}) for s, idx in routes]
         stages.mark("client", "splitting")
-        out = self._call([ShardCall(s, "update", (table, ks, vs, int(model_step), maker), mutating=True,
-                                    on_loop=ks.size <= _LOOP_KEYS) for s, ks, vs in split])
-        return int(sum(out))
+        return _Plan([ShardCall(s, "update", (table, ks, vs, int(model_step), maker), mutating=True,
+                                on_loop=ks.size <= _LOOP_KEYS) for s, ks, vs in split],
+                     lambda parts: int(sum(parts)))
 
     def apply_gradients(
         self,
@@ -418,41 +764,76 @@ class KnowledgeBank:
         grads: Mapping[str, Any] | np.ndarray,
         column: str = "embedding",
         learning_rate: float | None = None,
+        *,
+        model_step: int | None = None,
+        maker: str | None = None,
     ) -> np.ndarray:
         """Apply the table's optimizer on the shards (duplicate keys' gradients are summed).
 
+        ``model_step`` and ``maker`` become the updated rows' provenance (default: this bank object's
+        :meth:`writer <set_writer>`, else the rows keep theirs).
+
         Returns ``bool[n]``: which keys were present and updated (absent keys are skipped, as in CARLS).
+        """
+        return self._run(self._plan_apply_gradients(table, keys, grads, column, learning_rate, model_step,
+                                                    maker))
+
+    def _plan_apply_gradients(self, table: str, keys: Any, grads: Mapping[str, Any] | np.ndarray, column: str,
+                              learning_rate: float | None, model_step: int | None, maker: str | None) -> _Plan:
+        return self._plan_push(self.check_push(table, keys, grads, column, learning_rate, model_step, maker))
+
+    def check_push(self, table: str, keys: Any, grads: Mapping[str, Any] | np.ndarray, column: str = "embedding",
+                   learning_rate: float | None = None, model_step: int | None = None,
+                   maker: str | None = None) -> CheckedPush:
+        """Check an :meth:`apply_gradients` batch without sending it: its keys, gradients and provenance, converted.
+
+        Raises what :meth:`apply_gradients` raises for bad input. Checked pushes of one table may be
+        joined (:meth:`CheckedPush.join`) and sent with :meth:`BankBatch.push`.
         """
         stages.begin()
         spec = self.spec(table)
         k = self._keys(table, keys)
         stages.mark("client", "key conversion")
         checked, _ = check_gradients(spec, k.shape[0], grads, column, learning_rate)
+        check_provenance(table, model_step, maker, optional=True)
+        if model_step is None and maker is None and self.writer is not None:
+            maker, model_step = self.writer
         stages.mark("client", "validation")
-        routes = self._route(k)
-        split = {s: (k[idx], {c: _rows(v, idx) for c, v in checked.items()}) for s, idx in routes}
+        return CheckedPush(table, k, checked, column, learning_rate, None if model_step is None else int(model_step),
+                           maker)
+
+    def _plan_push(self, p: CheckedPush) -> _Plan:
+        routes = self._route(p.keys)
+        split = {s: (p.keys[idx], {c: _rows(v, idx) for c, v in p.grads.items()}) for s, idx in routes}
         stages.mark("client", "splitting")
-        return self._batch(
+        return self._mask_plan(
             routes,
-            lambda s, idx: ShardCall(s, "apply_gradients", (table, *split[s], column, learning_rate), mutating=True,
-                                     on_loop=split[s][0].size <= _LOOP_KEYS),
-            k.shape[0],
+            lambda s, idx: ShardCall(s, "apply_gradients", (p.table, *split[s], p.column, p.learning_rate,
+                                                            p.model_step, p.maker),
+                                     mutating=True, on_loop=split[s][0].size <= _LOOP_KEYS),
+            p.keys.shape[0],
         )
 
     def delete(self, table: str, keys: Any) -> np.ndarray:
         """Remove keys; returns ``bool[n]``, True where the key was present."""
+        return self._run(self._plan_delete(table, keys))
+
+    def _plan_delete(self, table: str, keys: Any) -> _Plan:
         self.spec(table)
         k = self._keys(table, keys)
-        return self._batch(self._route(k), lambda s, idx: ShardCall(s, "delete", (table, k[idx]), mutating=True,
-                                                                     on_loop=_keys_in(idx, k) <= _LOOP_KEYS),
-                           k.shape[0])
+        return self._mask_plan(self._route(k), lambda s, idx: ShardCall(s, "delete", (table, k[idx]), mutating=True,
+                                                                         on_loop=_keys_in(idx, k) <= _LOOP_KEYS),
+                               k.shape[0])
 
     def contains(self, table: str, keys: Any) -> np.ndarray:
         """``bool[n]``: whether each key is present (frequency untouched)."""
+        return self._run(self._plan_contains(table, keys))
+
+    def _plan_contains(self, table: str, keys: Any) -> _Plan:
         self.spec(table)
         k = self._keys(table, keys)
-        return self._batch(self._route(k), lambda s, idx: ShardCall(s, "contains", (table, k[idx]), on_loop=True),
-                           k.shape[0])
+        return self._mask_plan(self._route(k),
+                               lambda s, idx: ShardCall(s, "contains", (table, k[idx]), on_loop=True), k.shape[0])
 
     def size(self, table: str | None = None) -> int:
         """Rows in ``table`` (or in all tables) over all shards."""
@@ -645,6 +1026,48 @@ class KnowledgeBank:
         """Tell every shard the current training step (recorded with delta-log records)."""
         self._every_shard("set_step", int(step))
 
+    def sync(self) -> None:
+        """Make every acknowledged write durable now: each shard ``fdatasync``-s what its ``group`` tables logged
+        since their last group sync (one sync per shard serves every caller waiting on it)."""
+        self._every_shard("sync")
+
+    def rollback(self, root: str, version: int | None = None, tables: Sequence[str] | None = None) -> int:
+        """Bring the tables kept by snapshots alone back to snapshot ``version`` of ``root`` on every shard.
+
+        The bank's half of a consistent cut after a shard holding such tables was lost: the re-homed shard
+        brought them back at the newest snapshot and refuses their writes (:class:`~carls_dask.errors.RolledBackError`)
+        until every shard holds them as of the same snapshot, which this does; their writers (a trainer)
+        then continue from their state at the snapshot's step. A run's Workbench calls it itself.
+
+        Parameters
+        ----------
+        root
+            The bank store (the bank's ``log_root``).
+        version
+            The snapshot (default the newest); a negative version (or a store without a snapshot) brings the
+            tables back empty, as before any snapshot.
+        tables
+            The tables (default every table whose durability is ``snapshot``).
+
+        Returns
+        -------
+        int
+            The step of the snapshot (0 without one).
+        """
+        from carls_dask.storage.manifest import list_snapshots, read_manifest
+
+        names = [t for t, p in self.durability.items() if p == "snapshot"] if tables is None else list(tables)
+        for t in names:
+            self.spec(t)
+        empty = version is not None and int(version) < 0
+        snaps = [] if empty else list_snapshots(root)
+        man = read_manifest(root, version) if snaps or (version is not None and not empty) else None
+        v = None if man is None else int(man["version"])
+        if names:
+            self._every_shard("rollback", str(root), v, names, timeout=10 * self.timeout)
+        logger.info("bank %s: tables %s rolled back to snapshot v%s of %s", self.name, names, v, root)
+        return 0 if man is None else int(man["step"])
+
     # -- persistence --------------------------------------------------------------------------------
     def export_state(self) -> list[dict[str, Any]]:
         """Every shard's whole state, as :meth:`ShardCore.export_state <carls_dask.bank.core.ShardCore.export_state>`
@@ -686,6 +1109,7 @@ class KnowledgeBank:
         if full is not True:
             every = 1 << 30 if full is False else int(config.get("bank.snapshot-compact-every"))
             parent = next_parent(root, every, float("inf") if full is False else fraction)
+        self._check_snapshot_room(root, parent, full, fraction)
         handle = begin_snapshot(root, int(step), parent=parent, **kwargs)
         self._every_shard("set_step", int(step))
         try:
@@ -707,7 +1131,21 @@ class KnowledgeBank:
             except Exception:  # a shard settles at its next snapshot anyway
                 logger.warning("bank %s: a shard could not settle snapshot v%d", self.name, handle.version,
                                exc_info=True)
+        if self.log_root is not None and _same_path(root, self.log_root):
+            from carls_dask.storage.bankstore import truncate_log
+
+            truncate_log(root, str(config.get("storage.log-history")))
         return int(entry["version"])
+
+    def _check_snapshot_room(self, root: str, parent: int | None, full: bool | None, fraction: float) -> None:
+        """Refuse a snapshot that would take ``root``'s disk below ``carls.storage.disk-reserve``, before it begins."""
+        from carls_dask.storage.fsutil import check_reserve
+
+        reserve = config.get_bytes("storage.disk-reserve")
+        if reserve <= 0:
+            return
+        need = sum(int(b) for b in self._every_shard("snapshot_bytes", str(root), parent, bool(full), fraction))
+        check_reserve(root, need, reserve, f"bank {self.name!r}: snapshot into {root}")
 
     @classmethod
     def restore(
@@ -807,12 +1245,37 @@ class KnowledgeBank:
         try:
             if self._transport.owns_shards:
                 self._every_shard("close")
+            else:
+                self.flush()
         finally:
             self._closed = True
+            for q in self._attached:
+                q.stop()
+            self._attached = []
             self._transport.release()
+
+    def flush(self) -> None:
+        """Send what the queues attached to this bank object hold (a layer's gradient pushes) and wait for it."""
+        if not getattr(self._draining, "on", False):
+            for q in list(self._attached):
+                q.drain()
 
     def __enter__(self) -> KnowledgeBank:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Draining:
+    """Marks this thread's calls as a queue's own sends while the block runs (see :meth:`KnowledgeBank.attach`)."""
+
+    def __init__(self, local: threading.local) -> None:
+        self.local = local
+
+    def __enter__(self) -> None:
+        self.prior = getattr(self.local, "on", False)
+        self.local.on = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.local.on = self.prior

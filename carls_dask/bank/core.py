@@ -33,6 +33,7 @@ from carls_dask.bank.sampling import NegativeSample
 from carls_dask.bank.schema import (
     Column,
     TableSpec,
+    check_counts,
     check_gradients,
     check_keys,
     check_max_staleness,
@@ -508,9 +509,13 @@ class ShardCore:
         return self.lookup_rows(table, keys, columns, insert).result(max_staleness)
 
     def lookup_rows(
-        self, table: str, keys: Any, columns: Sequence[str] | None = None, insert: bool = False
+        self, table: str, keys: Any, columns: Sequence[str] | None = None, insert: bool = False,
+        counts: np.ndarray | None = None,
     ) -> LookupRows:
-        """:meth:`lookup` in the compact form a shard sends (see :class:`LookupRows`)."""
+        """:meth:`lookup` in the compact form a shard sends (see :class:`LookupRows`).
+
+        ``counts`` (with ``insert``): how much each key adds to its frequency, instead of one per occurrence.
+        """
         t = self.table(table)
         names = list(t.spec.column_names) if columns is None else [t.spec.column(c).name for c in columns]
         now = self.clock()
@@ -521,7 +526,10 @@ class ShardCore:
             bnd = self.bounds.get(t.spec.name)
             if bnd is not None and bnd.ttl_due(now):
                 self._expire(t, bnd, now)
+            given = None if counts is None else check_counts(table, counts, k.shape[0])
             first, inverse, counts = dedupe(k, h)
+            if given is not None:  # each key adds what the caller counted for it (summed over repeats)
+                counts = np.bincount(inverse, weights=given, minlength=first.shape[0]).astype(np.int64)
             uniq = k[first]
             stages.mark("shard", "dedupe")
             urows = t.index.find(uniq, t.keys, h[first])
@@ -787,10 +795,14 @@ class ShardCore:
         grads: Mapping[str, Any] | np.ndarray,
         column: str = "embedding",
         learning_rate: float | None = None,
+        model_step: int | None = None,
+        maker: str | None = None,
     ) -> np.ndarray:
         """Apply the table's optimizer to the rows of ``keys`` (duplicate keys' gradients are summed).
 
         Keys that are not in the table are skipped, as in CARLS; the returned mask says which were applied.
+        ``model_step`` and ``maker`` (the trainer's step and name) become the updated rows' provenance;
+        None keeps what the rows had.
         Gradients are cast to the column's compute dtype (see :func:`~carls_dask.bank.optimizers.compute_dtype`)
         and the update runs in it. Each updated row's slots, Adam's per-row ``step`` among them, move one
         step, whatever other rows did: the row alone decides its next update.
@@ -861,7 +873,8 @@ class ShardCore:
         if self._ann:
             self._ann_touch(t, t.keys[urows])
         stages.mark("shard", "write")
-        self._touch(t, urows, now, None, None)
+        self._touch(t, urows, now, None if model_step is None else int(model_step),
+                    None if maker is None else self.maker_code(maker))
         self.written = (t.spec.name, urows)
         return found
 

@@ -40,6 +40,7 @@ from carls_dask.bank.actor_internals import (
     ShardTable,
     actor_alive,
     actor_handle,
+    send_call,
     start_shard,
     worker_actors,
     worker_client,
@@ -51,9 +52,12 @@ __all__ = [
     "adopt_or_rehome",
     "forget_table",
     "install_walltime_plugin",
+    "process_id",
     "publish_table",
     "read_table",
+    "rehome_line",
     "rehome_stats",
+    "rehome_topic",
     "retire_worker_shards",
     "set_base",
 ]
@@ -86,6 +90,7 @@ def publish_table(
     initial_capacity: int,
     log_root: str | None,
     log_sync: bool,
+    log_settings: Mapping[str, Any] | None = None,
     base: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
     """Store a new bank's shard table (generation 0) in the scheduler; returns it."""
@@ -102,6 +107,7 @@ def publish_table(
         "initial_capacity": int(initial_capacity),
         "log_root": None if log_root is None else str(log_root),
         "log_sync": bool(log_sync),
+        "log_settings": dict(log_settings or {}),
         "base": None if base is None else [str(base[0]), int(base[1])],
         "rehomed": 0,
         "events": [],
@@ -223,7 +229,7 @@ def _rehome(shards: ShardTable, client: Any, table: dict[str, Any], s: int, dead
                              "store to restore it from; create it with log_root=... (KnowledgeBank.create)")
     t0 = time.monotonic()
     dead = table["addresses"][s]
-    logger.warning("bank %s: shard %d on %s lost (%s); re-homing from %s", name, s, dead, reason, root)
+    logger.info("bank %s: shard %d on %s lost (%s); re-homing from %s", name, s, dead, reason, root)
     workers: list[str] = []
     while not workers:
         workers = _live_workers(client, [dead, *exclude])
@@ -237,12 +243,13 @@ def _rehome(shards: ShardTable, client: Any, table: dict[str, Any], s: int, dead
     target = min(workers, key=lambda w: (load[w], w))
     gen = int(table["generation"][s]) + 1
     args = (table["tables"], s, len(table["keys"]), table["buckets"], table["owned"][s],
-            table["initial_capacity"], root, table["log_sync"])
+            table["initial_capacity"], root, table["log_sync"], dict(table.get("log_settings") or {}))
     fut = start_shard(client, BankShard, args, target, f"{name}-shard-{s}-g{gen}")
     try:
         handle = fut.result(timeout=max(0.1, deadline - time.monotonic()))
         base = tuple(table["base"]) if table["base"] else None
-        info = handle.rehome_restore(root, base).result(timeout=max(0.1, deadline - time.monotonic()))
+        info = send_call(handle, "rehome_restore", (root, base), {}).result(
+            timeout=max(0.1, deadline - time.monotonic()))
     except TimeoutError as exc:
         fut.release()
         raise DeadlineExceeded(f"bank {name!r}: re-homed shard {s} was not restored on {target} within "
@@ -257,15 +264,46 @@ def _rehome(shards: ShardTable, client: Any, table: dict[str, Any], s: int, dead
     table["addresses"][s] = target
     table["generation"][s] = gen
     table["rehomed"] = int(table["rehomed"]) + 1
+    rolled = {str(t): int(step) for t, step in dict(info.get("rolled_back") or {}).items()}
     event = {"shard": s, "generation": gen, "from": dead, "to": target, "reason": reason[:200],
              "rows": int(info["rows"]), "records": int(info["records"]), "version": int(info["version"]),
-             "restore_s": float(info["seconds"]), "rehome_s": pause, "time": time.time()}
+             "restore_s": float(info["seconds"]), "rehome_s": pause, "time": time.time(), "rolled_back": rolled,
+             "by": process_id()}
     table["events"] = [*table["events"], event][-_EVENTS_KEPT:]
     Variable(table_name(name), client=client).set(table)
     shards.replace(s, handle, gen)
-    logger.warning("bank %s: shard %d re-homed %s -> %s (generation %d, %d rows + %d delta records, %.2fs)",
-                   name, s, dead, target, gen, info["rows"], info["records"], pause)
+    logger.warning("%s", rehome_line(name, event))
+    try:  # a Workbench driving the bank logs the line too, when a task's copy re-homed (its log stays on the worker)
+        client.log_event(rehome_topic(name), event)
+    except Exception:  # the line above is the record; the topic only relays it
+        logger.debug("bank %s: could not relay the re-homing of shard %d", name, s, exc_info=True)
     return handle
+
+
+def rehome_topic(bank_name: str) -> str:
+    """The event topic on which the bank's re-homings are relayed (the events of :func:`rehome_stats`)."""
+    return f"carls-bank-{bank_name}-rehomed"
+
+
+def process_id() -> str:
+    """``host:pid`` of this process (a re-homing event names the process that re-homed)."""
+    import os
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def rehome_line(bank: str, event: Mapping[str, Any]) -> str:
+    """One line for a re-homing event: what was lost, what took over, how long it took."""
+    source = f"snapshot v{event['version']}" if int(event["version"]) >= 0 else "no snapshot"
+    line = (f"bank {bank}: shard {event['shard']} lost with worker {event['from']}; re-homed on {event['to']} from "
+            f"{source} + {event['records']} log records ({event['rows']} rows) in {float(event['rehome_s']):.2f}s")
+    rolled = event.get("rolled_back") or {}
+    if rolled:
+        steps = sorted(set(rolled.values()))
+        line += (f"; tables {sorted(rolled)} (durability snapshot) back at step {steps[0] if len(steps) == 1 else steps}"
+                 ", awaiting the rollback of their writers")
+    return line
 
 
 def retire_worker_shards(worker: Any, reason: str, timeout: float | None = None) -> list[dict[str, Any]]:

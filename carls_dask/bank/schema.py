@@ -21,6 +21,7 @@ from carls_dask.bank.changes import ChangeWatch
 from carls_dask.bank.optimizers import compute_dtype
 from carls_dask.bank.topk import METRICS
 from carls_dask.errors import (
+    ConfigError,
     InvalidBatchError,
     InvalidDTypeError,
     InvalidShapeError,
@@ -29,6 +30,7 @@ from carls_dask.errors import (
 )
 
 __all__ = [
+    "DURABILITY",
     "EVICTIONS",
     "INITIALIZERS",
     "OPTIMIZERS",
@@ -36,11 +38,14 @@ __all__ = [
     "Column",
     "TableSpec",
     "check_batch_size",
+    "check_counts",
+    "check_durability",
     "check_finite",
     "check_gradients",
     "check_keys",
     "check_learning_rate",
     "check_max_staleness",
+    "check_provenance",
     "check_sample_size",
     "check_top_k_query",
     "check_update",
@@ -53,6 +58,8 @@ INITIALIZERS = ("zeros", "uniform", "normal", "constant")
 #: Eviction policies of a bounded table (see :mod:`carls_dask.bank.bounds`).
 EVICTIONS = ("lfu", "lru", "oldest")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
+#: Durability policies of a table (see :attr:`TableSpec.durability` and docs/durability.md).
+DURABILITY = ("every-write", "group", "snapshot")
 #: Per-row provenance arrays every table carries, with their dtypes.
 PROVENANCE: dict[str, np.dtype[Any]] = {
     "version": np.dtype("int64"),
@@ -200,6 +207,13 @@ class TableSpec:
         Float columns whose moves each shard tracks for change feeds (:class:`~carls_dask.bank.changes.ChangeWatch`,
         or a column name for any change); read them with
         :meth:`KnowledgeBank.changes <carls_dask.bank.client.KnowledgeBank.changes>`.
+    durability
+        What an acknowledged write of the table survives (docs/durability.md): ``"every-write"`` (logged and
+        ``fdatasync``-ed before the call returns), ``"group"`` (logged before the call returns, synced with
+        the other waiting frames every ``carls.bank.log.group-interval``) or ``"snapshot"`` (not logged: a
+        lost shard brings the table back at its newest snapshot, and a run rolls its trainer back to the
+        same step). ``None`` takes ``carls.bank.durability`` when a bank is created, and a run's
+        ``carls.run.durability.trained`` (a table with an optimizer) or ``.written`` (one without).
     """
 
     name: str
@@ -219,6 +233,7 @@ class TableSpec:
     sketch_width: int = 1 << 20
     sketch_depth: int = 4
     watch: tuple[ChangeWatch, ...] = ()
+    durability: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
@@ -243,6 +258,9 @@ class TableSpec:
                 f"table {self.name!r}: adagrad_initial_accumulator must be > 0, got {self.adagrad_initial_accumulator!r}"
             )
         object.__setattr__(self, "adam_betas", tuple(float(b) for b in self.adam_betas))
+        if self.durability is not None and self.durability not in DURABILITY:
+            raise ConfigError(f"table {self.name!r}: durability {self.durability!r} is not one of {DURABILITY} "
+                              "or None (the configured default)")
         self._check_bounds()
         self._check_watch()
 
@@ -303,6 +321,16 @@ class TableSpec:
                 object.__setattr__(self, name, int(v))
 
     @property
+    def trained(self) -> bool:
+        """Whether the table is trained by gradients (it has an optimizer), which picks its default durability."""
+        return self.optimizer is not None
+
+    @property
+    def logged(self) -> bool:
+        """Whether the table's writes go to the delta log (every policy but ``"snapshot"``)."""
+        return self.durability != "snapshot"
+
+    @property
     def is_bounded(self) -> bool:
         """Whether the table has a row cap, an admission filter or a time-to-live."""
         return self.max_rows is not None or self.min_frequency > 1 or self.ttl is not None
@@ -339,15 +367,17 @@ class TableSpec:
         )
 
     def resolve(
-        self, *, optimizer: str | None, learning_rate: float, initializer: str, init_scale: float
+        self, *, optimizer: str | None, learning_rate: float, initializer: str, init_scale: float,
+        durability: str | None = None,
     ) -> TableSpec:
-        """Return a copy with unset fields taken from the given defaults."""
+        """Return a copy with unset fields taken from the given defaults (``durability`` only when given)."""
         return dataclasses.replace(
             self,
             optimizer=optimizer if self.optimizer == "default" else self.optimizer,
             learning_rate=learning_rate if self.learning_rate is None else self.learning_rate,
             initializer=initializer if self.initializer is None else self.initializer,
             init_scale=init_scale if self.init_scale is None else self.init_scale,
+            durability=durability if self.durability is None else self.durability,
         )
 
     def slot_names(self) -> tuple[str, ...]:
@@ -379,6 +409,7 @@ class TableSpec:
             "sketch_width": self.sketch_width,
             "sketch_depth": self.sketch_depth,
             "watch": [w.to_json() for w in self.watch],
+            "durability": self.durability,
         }
 
     @classmethod
@@ -402,6 +433,7 @@ class TableSpec:
             sketch_width=data.get("sketch_width", 1 << 20),
             sketch_depth=data.get("sketch_depth", 4),
             watch=tuple(ChangeWatch.from_json(w) for w in data.get("watch", ())),
+            durability=data.get("durability"),
         )
 
 
@@ -421,6 +453,19 @@ def nodes_table(
         ),
         **kwargs,
     )
+
+
+def check_durability(value: Any, where: str) -> str:
+    """A durability policy named by a setting (``where``, e.g. ``"carls.bank.durability"``), checked.
+
+    Raises
+    ------
+    ConfigError
+        Naming the setting, the value and the policies.
+    """
+    if value not in DURABILITY:
+        raise ConfigError(f"{where}: durability {value!r}; expected one of {DURABILITY}")
+    return str(value)
 
 
 # -- batch validation -------------------------------------------------------------------------------
@@ -576,11 +621,46 @@ def check_update(
             f"table {table!r}: values must be a non-empty dict of column -> array, got {type(values).__name__}"
         )
     checked = {name: coerce_column_values(table, spec.column(name), v, n) for name, v in values.items()}
-    if isinstance(model_step, bool) or not isinstance(model_step, int | np.integer):
-        raise InvalidDTypeError(f"table {table!r}: model_step must be an int, got {model_step!r}")
-    if not isinstance(maker, str):
-        raise InvalidDTypeError(f"table {table!r}: maker must be a str, got {type(maker).__name__}")
+    check_provenance(table, model_step, maker)
     return checked
+
+
+def check_counts(table: str, counts: Any, n: int) -> np.ndarray:
+    """Validate a lookup's ``counts`` (how often each of ``n`` keys counts in its frequency): ``int64[n]``, each >= 1.
+
+    Raises
+    ------
+    InvalidShapeError
+        For counts of another length or shape.
+    InvalidDTypeError
+        For counts that are not integers.
+    InvalidBatchError
+        For a count below 1.
+    """
+    c = np.asarray(counts)
+    if c.shape != (n,):
+        raise InvalidShapeError(f"table {table!r}: counts of shape {c.shape}; expected ({n},), one per key")
+    if c.size and c.dtype.kind not in "iu":
+        raise InvalidDTypeError(f"table {table!r}: counts of dtype {c.dtype}; expected integers")
+    c = np.ascontiguousarray(c, dtype=np.int64)
+    if c.size and int(c.min()) < 1:
+        raise InvalidBatchError(f"table {table!r}: counts hold {int(c.min())}; expected every count >= 1")
+    return c
+
+
+def check_provenance(table: str, model_step: Any, maker: Any, *, optional: bool = False) -> None:
+    """Check a write's provenance: ``model_step`` an int and ``maker`` a str (either may be None when ``optional``).
+
+    Raises
+    ------
+    InvalidDTypeError
+        For a ``model_step`` that is not an int or a ``maker`` that is not a str.
+    """
+    if not (optional and model_step is None) and (
+            isinstance(model_step, bool) or not isinstance(model_step, int | np.integer)):
+        raise InvalidDTypeError(f"table {table!r}: model_step must be an int, got {model_step!r}")
+    if not (optional and maker is None) and not isinstance(maker, str):
+        raise InvalidDTypeError(f"table {table!r}: maker must be a str, got {type(maker).__name__}")
 
 
 def check_learning_rate(table: str, learning_rate: Any) -> float:

@@ -1,8 +1,9 @@
-"""How calls reach the bank's shards: a call as a value, and the transports that carry a batch of calls.
+"""How calls reach the bank's shards: the transports that carry a batch of calls.
 
-A call to a shard is a value, :class:`ShardCall`, built by the client method that knows what it is
-(a read, a mutating batch with an operation id, a read the shard may serve on its event loop). A
-transport sends a batch of such calls and returns the answers in order:
+A call to a shard is a value, :class:`~carls_dask.bank.calls.ShardCall`, built by the client method that
+knows what it is (a read, a mutating batch with an operation id, a read the shard may serve on its event
+loop); the client sends at most one per shard at a time (:func:`~carls_dask.bank.calls.fuse`). A
+transport sends such calls and returns the answers in order:
 
 * :class:`LocalTransport`: the shards are :class:`~carls_dask.bank.actor.BankShard` objects held in
   this process and called directly (``KnowledgeBank.local``; no cluster).
@@ -20,11 +21,10 @@ watchdog) is in :mod:`carls_dask.bank.actor_internals`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import concurrent.futures
 import logging
-import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from carls_dask.bank import stages
@@ -37,10 +37,12 @@ from carls_dask.bank.actor_internals import (
     local_actor,
     release_handle,
     run_on_loop,
+    send_call,
     shard_error,
     start_shard,
     watch_all,
 )
+from carls_dask.bank.calls import Failed, ShardCall, new_op_id, stamp_op_ids
 from carls_dask.bank.rehoming import adopt_or_rehome, forget_table, rehome_stats
 from carls_dask.errors import DeadlineExceeded, LifecycleError, ShardLostError
 
@@ -49,79 +51,13 @@ __all__ = ["DaskTransport", "Failed", "LocalTransport", "ShardCall", "new_op_id"
 logger = logging.getLogger(__name__)
 
 
-# -- calls ------------------------------------------------------------------------------------------
-def new_op_id() -> int:
-    """A random positive 63-bit operation id."""
-    return int.from_bytes(os.urandom(8), "little") >> 1
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class ShardCall:
-    """One call to one shard: ``shards[shard].<method>(*args, **kwargs)``.
-
-    Parameters
-    ----------
-    shard
-        Shard id.
-    method
-        Name of the :class:`~carls_dask.bank.actor.BankShard` method.
-    args, kwargs
-        Its arguments.
-    mutating
-        Whether the call changes the shard's state; such a call carries the batch's operation id
-        (the method takes ``op_id``), so that a batch retried after a re-home is applied once.
-    on_loop
-        Whether a remote shard serves the call on its worker's event loop when the shard is free
-        (:meth:`BankShard.call_on_loop <carls_dask.bank.actor.BankShard.call_on_loop>`) rather than
-        in its actor thread: for calls short enough to hold the loop for milliseconds only.
-    op_id
-        The operation id of a mutating call (set by :func:`stamp_op_ids` when None).
-    """
-
-    shard: int
-    method: str
-    args: tuple[Any, ...] = ()
-    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    mutating: bool = False
-    on_loop: bool = False
-    op_id: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.op_id is not None and not self.mutating:
-            raise ValueError(f"ShardCall {self.method!r} to shard {self.shard}: op_id={self.op_id} on a call that "
-                             "is not mutating; expected op_id=None")
-
-    @property
-    def send_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments sent, the operation id included."""
-        if self.op_id is None:
-            return dict(self.kwargs)
-        return {**self.kwargs, "op_id": self.op_id}
-
-
-def stamp_op_ids(calls: Sequence[ShardCall]) -> list[ShardCall]:
-    """The calls with an operation id on every mutating one (one new id per batch, shared by its shards)."""
-    op: int | None = None
-    out = []
-    for c in calls:
-        if c.mutating and c.op_id is None:
-            if op is None:
-                op = new_op_id()
-            c = dataclasses.replace(c, op_id=op)
-        out.append(c)
-    return out
-
-
-class Failed:
-    """The error of a shard call, kept apart so that the other shards' answers are not lost."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-    def __await__(self) -> Any:  # awaiting a call that could not even be issued raises its error
-        raise self.exc
+def _failed(error: BaseException, cause: BaseException) -> Failed:
+    """``error`` as a call's answer, caused by ``cause`` when it stands for it (never an error caused by itself: a
+    cycle of causes, which whoever walks the chain, distributed's error report of a failed task among them,
+    never leaves)."""
+    if error is not cause:
+        error.__cause__ = cause
+    return Failed(error)
 
 
 # -- the local transport ----------------------------------------------------------------------------
@@ -154,10 +90,16 @@ class LocalTransport:
         return len(self.shards)
 
     def call(self, calls: Sequence[ShardCall], timeout: float) -> list[Any]:
-        """Call each shard in turn; returns the answers in the order of ``calls`` (``timeout`` does not apply:
-        the calls run in this thread)."""
+        """Call each shard in turn; returns the answers in the order of ``calls``, a call that raised as its
+        :class:`Failed` (``timeout`` does not apply: the calls run in this thread)."""
         stages.mark("client", "issuing calls")
-        return [getattr(self.shards[c.shard], c.method)(*c.args, **c.send_kwargs) for c in calls]
+        out: list[Any] = []
+        for c in calls:
+            try:
+                out.append(getattr(self.shards[c.shard], c.method)(*c.args, **c.send_kwargs))
+            except Exception as exc:
+                out.append(Failed(exc))
+        return out
 
     def local_shard(self, s: int) -> Any:
         """The shard object ``s`` (always in this process)."""
@@ -239,7 +181,8 @@ class DaskTransport:
         """Issue every call, then wait for all of them (each within ``timeout``); answers in order.
 
         Shards living in the caller's process are called directly, after the remote calls have been
-        issued. Calls of a lost shard are retried on its re-homed actor; other errors are raised.
+        issued. Calls of a lost shard are retried on its re-homed actor; a call that failed otherwise
+        answers its :class:`Failed` (the bank's error for it), so the other calls' answers stand.
 
         Raises
         ------
@@ -275,7 +218,7 @@ class DaskTransport:
         """Call a co-located shard; one that was retired (its worker is closing) re-routes the call."""
         try:
             return getattr(shard, c.method)(*c.args, **c.send_kwargs)
-        except ShardLostError as exc:
+        except Exception as exc:
             return Failed(exc)
 
     def _issue(self, c: ShardCall, deferred: bool) -> Any:
@@ -283,13 +226,12 @@ class DaskTransport:
         handle whose actor is already known lost fails here."""
         try:
             handle = self.table.handles[c.shard]
-            if not deferred:
-                return getattr(handle, c.method)(*c.args, **c.send_kwargs)
             if handle_lost(handle):
                 raise RuntimeError(f"{LOST_TEXT}.  Status: {handle._future.status}")
-            if c.on_loop:
-                return execute(handle, "call_on_loop", (c.method, *c.args), c.send_kwargs)
-            return execute(handle, c.method, c.args, c.send_kwargs)
+            method, args = ("call_on_loop", (c.method, *c.args)) if c.on_loop else (c.method, c.args)
+            if not deferred:
+                return send_call(handle, method, args, c.send_kwargs)
+            return execute(handle, method, args, c.send_kwargs)
         except Exception as exc:
             return Failed(exc)
 
@@ -297,7 +239,7 @@ class DaskTransport:
         """Wait for all remote calls in one hop to the event loop; failures come back as :class:`Failed`."""
 
         async def one(fut: Any) -> Any:
-            return await fut
+            return await (asyncio.wrap_future(fut) if isinstance(fut, concurrent.futures.Future) else fut)
 
         async def all_of() -> list[Any]:
             tasks = [asyncio.ensure_future(fut if asyncio.iscoroutine(fut) else one(fut)) for _, _, fut in remote]
@@ -313,8 +255,8 @@ class DaskTransport:
     def _recover(self, calls: Sequence[ShardCall], answers: dict[int, Any], limit: float) -> None:
         """Re-home the shards of failed calls whose worker is gone and retry those calls (same op ids).
 
-        Waits at most ``rehome_timeout`` per shard; errors that do not mean a lost shard are raised
-        as they are.
+        Waits at most ``rehome_timeout`` per shard (then raises :class:`ShardLostError`); an error that
+        does not mean a lost shard stays that call's answer, as the bank's error for it.
         """
         name = self.table.name
         for i, answer in sorted(answers.items()):
@@ -324,12 +266,14 @@ class DaskTransport:
             deadline = time.monotonic() + self.rehome_timeout
             while True:
                 if not is_lost(exc):
-                    raise shard_error(name, c.shard, exc, limit) from exc
+                    answers[i] = _failed(shard_error(name, c.shard, exc, limit), exc)
+                    break
                 handle = adopt_or_rehome(self.table, c.shard, exc, deadline, limit=self.rehome_timeout)
                 if handle is None:  # the shard's worker is alive: the error stands
-                    raise shard_error(name, c.shard, exc, limit) from exc
+                    answers[i] = _failed(shard_error(name, c.shard, exc, limit), exc)
+                    break
                 try:
-                    answers[i] = getattr(handle, c.method)(*c.args, **c.send_kwargs).result(
+                    answers[i] = send_call(handle, c.method, c.args, c.send_kwargs).result(
                         timeout=max(0.1, min(limit, deadline - time.monotonic())))
                     break
                 except Exception as again:

@@ -3,8 +3,11 @@
 - :class:`BankEmbedding` and :class:`BankEmbeddingBag`: :class:`torch.nn.Embedding` and
   :class:`torch.nn.EmbeddingBag` whose table is a bank column; forward looks keys up (with insert in
   training), backward sends the touched rows' gradient to the table's server-side optimizer;
-- :mod:`carls_dask.nn.pipeline`: prefetching the next batch's rows and pushing gradients off the
-  training thread, with bounded staleness;
+- :class:`BankEmbeddingBagCollection` and :class:`BankEmbeddingCollection`: TorchRec's collections over
+  bank tables (input a :class:`KeyedJaggedTensor` or a dict of keys by feature), every table's rows in
+  one message per shard;
+- :mod:`carls_dask.nn.pipeline`: one queue of calls per bank, so a step's reads and pushes of every layer
+  travel together, prefetching the next batch's rows with bounded staleness;
 - :func:`sampled_softmax_loss` and :class:`SampledSoftmaxLoss`: TensorFlow's sampled softmax with the
   bank's candidates and expected counts, class weights read through a layer; :func:`top_k_classes` for
   the full evaluation.
@@ -14,9 +17,11 @@
 
 from __future__ import annotations
 
+from carls_dask.nn.collection import BankEmbeddingBagCollection, BankEmbeddingCollection, BankTableConfig
 from carls_dask.nn.embedding import BankEmbedding, BankEmbeddingBag, BankLayer
+from carls_dask.nn.jagged import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 from carls_dask.nn.keys import as_keys
-from carls_dask.nn.pipeline import PipelineStats, RowPipeline
+from carls_dask.nn.pipeline import BankQueue, PipelineStats, RowPipeline
 from carls_dask.nn.sampled_softmax import (
     SampledSoftmaxLoss,
     sampled_softmax_logits,
@@ -29,7 +34,14 @@ __all__ = [
     "BankColumn",
     "BankEmbedding",
     "BankEmbeddingBag",
+    "BankEmbeddingBagCollection",
+    "BankEmbeddingCollection",
     "BankLayer",
+    "BankQueue",
+    "BankTableConfig",
+    "JaggedTensor",
+    "KeyedJaggedTensor",
+    "KeyedTensor",
     "PipelineStats",
     "RowPipeline",
     "SampledSoftmaxLoss",

@@ -42,12 +42,31 @@ BAG_MODES = ("sum", "mean", "max")
 class _Rows:
     """What the autograd function carries from forward to backward (not a tensor, so autograd ignores it)."""
 
-    __slots__ = ("keys", "layer", "rows")
+    __slots__ = ("keys", "layer", "rows", "unique")
 
-    def __init__(self, layer: BankLayer, keys: np.ndarray, rows: torch.Tensor) -> None:
+    def __init__(self, layer: BankLayer, keys: np.ndarray, rows: torch.Tensor, unique: bool = False) -> None:
         self.layer = layer
         self.keys = keys
         self.rows = rows
+        self.unique = unique
+
+
+class _Pending:
+    """A layer's read asked for and not finished: the keys, the padding mask, the distinct keys read (and where
+    each key's row is among them) and the read itself."""
+
+    __slots__ = ("flat", "inverse", "pad", "read", "uniq", "use")
+
+    def __init__(self, flat: np.ndarray, pad: np.ndarray | None, use: np.ndarray, uniq: np.ndarray,
+                 inverse: np.ndarray, read: Any) -> None:
+        self.flat = flat
+        self.pad = pad
+        self.use = use
+        self.uniq = uniq
+        self.inverse = inverse
+        self.read = read
+
+
 
 
 class _BankRowsFunction(torch.autograd.Function):
@@ -66,7 +85,7 @@ class _BankRowsFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None]:
         payload: _Rows = ctx.payload
-        payload.layer._push_gradient(payload.keys, grad)
+        payload.layer._push_gradient(payload.keys, grad, payload.unique)
         return None, None
 
 
@@ -92,10 +111,13 @@ class BankLayer(nn.Module):
     trainable
         Send gradients to the bank (needs a table with an optimizer); ``False`` reads only.
     pipeline
-        Run the bank calls on a worker thread, so a gradient push overlaps the next forward and a
-        :meth:`prefetch` overlaps the step (in-process shards run them inline).
+        When a forward is served from a :meth:`prefetch`, send what the bank's queue holds (the previous
+        step's gradient pushes, the next prefetches) in the background, so it overlaps the step (the
+        default; in-process shards run every call inline). Without prefetches the order is exact either
+        way: a forward's read travels behind the previous step's pushes (see :mod:`carls_dask.nn.pipeline`).
     staleness
-        Most updates of its own a row served from a prefetch may have missed (0: exact order).
+        Most updates of its own a row served from a prefetch may have missed (0: exact order, rows over
+        the bound are read again).
     timeout
         Seconds one wait for the bank may take (default four times the bank's call timeout).
     """
@@ -103,7 +125,7 @@ class BankLayer(nn.Module):
     _anchor: torch.Tensor
 
     def __init__(self, bank: Any, table: str, column: str = "embedding", *, padding_key: int | str | None = None,
-                 learning_rate: float | None = None, trainable: bool = True, pipeline: bool = False,
+                 learning_rate: float | None = None, trainable: bool = True, pipeline: bool = True,
                  staleness: int = 1, timeout: float | None = None) -> None:
         super().__init__()
         owner = f"{type(self).__name__}(table {table!r})"
@@ -168,38 +190,67 @@ class BankLayer(nn.Module):
 
     def _flat_rows(self, flat: np.ndarray, insert: bool) -> torch.Tensor:
         """``[n, *row]`` rows of ``flat`` keys, padding keys as zero rows, on the bank gradient path."""
-        n = int(flat.shape[0])
+        return self.finish_rows(self.begin_rows(flat, insert))
+
+    def begin_rows(self, flat: np.ndarray, insert: bool) -> _Pending:
+        """Ask for the rows of ``flat`` keys (padding left out): matched to a prefetch or held in the bank's
+        queue, not sent yet. :meth:`finish_rows` sends and waits; a collection begins every table's read
+        before it finishes one, so they travel together.
+
+        Each distinct key is read once (with insert, it counts once per occurrence all the same), so a
+        batch's repeated keys neither travel nor come back twice; backward sums their gradients into the
+        distinct rows, as ``torch.nn.Embedding``'s sparse gradient does before its optimizer steps.
+        """
         pad = None if self._pad is None else flat == self._pad
         use = flat if pad is None or not pad.any() else flat[~pad]
-        if use.size == 0:
+        if not use.size:
+            return _Pending(flat, pad, use, use, use, None)
+        uniq, inverse, counts = self.rows.distinct(use)
+        read = self.rows.begin_read(uniq, insert, counts if insert and uniq.shape[0] < use.shape[0] else None)
+        return _Pending(flat, pad, use, uniq, inverse, read)
+
+    def finish_unique(self, p: _Pending) -> tuple[torch.Tensor, np.ndarray]:
+        """The ``[u, *row]`` rows of the distinct keys :meth:`begin_rows` asked for, on the bank gradient path,
+        and where each (non-padding) key's row is among them."""
+        got = self._tensor(self.rows.end_read(p.read))
+        return self.track(p.uniq, got, unique=True), p.inverse
+
+    def finish_rows(self, p: _Pending) -> torch.Tensor:
+        """The ``[n, *row]`` rows :meth:`begin_rows` asked for, padding keys as zero rows, on the bank gradient path."""
+        n = int(p.flat.shape[0])
+        if p.read is None:
             return torch.zeros((n, *self.source.row_shape), dtype=self._anchor.dtype, device=self._anchor.device)
-        t = self.track(use, self.read(use, insert))
-        if pad is None or use is flat:
+        u, inverse = self.finish_unique(p)
+        t = u if p.uniq.shape[0] == p.use.shape[0] and _identity(inverse) else \
+            u.index_select(0, torch.from_numpy(inverse).to(u.device))
+        if p.pad is None or p.use is p.flat:
             return t
-        where = torch.from_numpy(np.flatnonzero(~pad)).to(t.device)
+        where = torch.from_numpy(np.flatnonzero(~p.pad)).to(t.device)
         return t.new_zeros((n, *self.source.row_shape)).index_copy(0, where, t)
 
     def read(self, keys: np.ndarray, insert: bool) -> torch.Tensor:
         """``[n, *row]`` rows of ``int64`` ``keys`` on the layer's device and dtype, outside autograd."""
-        got = self.rows.read(keys, insert)
+        return self._tensor(self.rows.read(keys, insert))
+
+    def _tensor(self, got: np.ndarray) -> torch.Tensor:
         if not (got.flags.writeable and got.flags.c_contiguous):  # torch shares memory only with writable arrays
             got = np.array(got, order="C")
         return torch.from_numpy(got).to(device=self._anchor.device, dtype=self._anchor.dtype, non_blocking=True)
 
-    def track(self, keys: np.ndarray, rows: torch.Tensor) -> torch.Tensor:
+    def track(self, keys: np.ndarray, rows: torch.Tensor, *, unique: bool = False) -> torch.Tensor:
         """``rows`` of ``keys`` put on the bank gradient path: their gradient is pushed in backward.
 
         Returns ``rows`` unchanged when the layer is not trainable, is in eval mode, or gradients are
         disabled. Rows read separately (say, with and without insert) and tracked together are pushed as
-        one update, duplicates summed.
+        one update, duplicates summed (``unique=True`` says ``keys`` holds none).
         """
         if not (self.trainable and self.training and torch.is_grad_enabled()):
             return rows
         anchor_leaf = torch.empty(0, device=rows.device, requires_grad=True)
-        out: torch.Tensor = _BankRowsFunction.apply(anchor_leaf, _Rows(self, keys, rows))
+        out: torch.Tensor = _BankRowsFunction.apply(anchor_leaf, _Rows(self, keys, rows, unique))
         return out
 
-    def _push_gradient(self, keys: np.ndarray, grad: torch.Tensor) -> None:
+    def _push_gradient(self, keys: np.ndarray, grad: torch.Tensor, unique: bool = False) -> None:
         """Sum the gradient of duplicate keys, move it to the host once, push it.
 
         On the host the sum is the bank's own (:func:`~carls_dask.bank.gradsum.sum_by_row`: one compiled
@@ -208,9 +259,12 @@ class BankLayer(nn.Module):
         """
         n = int(keys.shape[0])
         g = grad.detach().reshape(n, -1)
-        uniq, inverse = np.unique(keys, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        if uniq.shape[0] == n:
+        if unique:
+            uniq, inverse = keys, None
+        else:
+            uniq, inverse = np.unique(keys, return_inverse=True)
+            inverse = inverse.reshape(-1)
+        if inverse is None or uniq.shape[0] == n:
             out_keys, host = keys, g.to("cpu").numpy()
         elif g.device.type == "cpu":
             first, host = sum_by_row(inverse, g.numpy())
@@ -235,14 +289,17 @@ class BankLayer(nn.Module):
         if self._pad is not None:
             flat = flat[flat != self._pad]
         if flat.size:
-            self.rows.prefetch(flat, self.inserting() if insert is None else bool(insert))
+            ins = self.inserting() if insert is None else bool(insert)
+            uniq, _, counts = self.rows.distinct(flat, keep=True)
+            self.rows.prefetch(uniq, ins, counts if ins and uniq.shape[0] < flat.shape[0] else None)
 
     def _bag_keys(self, input: Any) -> LayerKeys:
         """``input`` as keys (the bag also checks its shape)."""
         return as_keys(input, self._owner)
 
     def flush(self) -> None:
-        """Wait until every gradient push has landed in the bank (raises a push's error)."""
+        """Send the bank queue's held calls (the last step's gradient push among them) and wait until they have
+        landed (raises a push's error)."""
         self.rows.flush()
 
     def prefetch_state(self) -> list[dict[str, Any]]:
@@ -255,7 +312,7 @@ class BankLayer(nn.Module):
         self.rows.import_prefetches(reads)
 
     def close(self) -> None:
-        """Flush, then stop the layer's worker thread (the bank stays open)."""
+        """Flush (the bank stays open; its queue's thread stops when the bank closes)."""
         self.rows.close()
 
     def pipeline_stats(self, reset: bool = False) -> PipelineStats:
@@ -280,8 +337,10 @@ class BankLayer(nn.Module):
             parts.append(f"learning_rate={self.learning_rate}")
         if not self.trainable:
             parts.append("trainable=False")
-        if self.pipeline:
-            parts.append(f"pipeline=True, staleness={self.staleness}")
+        if not self.pipeline:
+            parts.append("pipeline=False")
+        if self.staleness != 1:
+            parts.append(f"staleness={self.staleness}")
         return ", ".join(parts)
 
 
@@ -380,6 +439,10 @@ class BankEmbeddingBag(BankLayer):
         per_sample_weights
             A float weight per key (same shape as ``input``), only with ``mode="sum"``.
         """
+        return self.pool(self.begin_bags(input, offsets, per_sample_weights))
+
+    def begin_bags(self, input: Any, offsets: Any = None, per_sample_weights: Any = None) -> _Bags:
+        """Check the bags and ask for their rows (held in the bank's queue); :meth:`pool` sends, waits and pools."""
         k = self._bag_keys(input)
         off = self._offsets(k, offsets)
         anchor = self._anchor
@@ -394,25 +457,52 @@ class BankEmbeddingBag(BankLayer):
                                         f"the input's shape {k.shape}")
             psw = psw.reshape(-1).to(device=anchor.device, dtype=anchor.dtype)
         flat = k.flat
-        width = self.embedding_dim
         pad = None if self._pad is None else flat == self._pad
         use_pos = np.arange(flat.shape[0]) if pad is None else np.flatnonzero(~pad)
-        # rows of the non-padding keys, then one zero row that every padding entry points at
-        rows = self._flat_rows(flat[use_pos], self.inserting()) if use_pos.size else \
-            torch.zeros((0, width), dtype=anchor.dtype, device=anchor.device)
-        m = int(use_pos.shape[0])
-        idx = np.full(flat.shape[0], m, dtype=np.int64)
-        idx[use_pos] = np.arange(m)
+        read = self.begin_rows(flat[use_pos], self.inserting()) if use_pos.size else None
+        return _Bags(flat, off, psw, use_pos, read)
+
+    def pool(self, b: _Bags) -> torch.Tensor:
+        """The pooled ``[bags, D]`` rows of bags :meth:`begin_bags` asked for."""
+        anchor = self._anchor
+        width = self.embedding_dim
+        # rows of the distinct non-padding keys, then one zero row that every padding entry points at
+        if b.read is not None:
+            rows, inverse = self.finish_unique(b.read)
+        else:
+            rows, inverse = torch.zeros((0, width), dtype=anchor.dtype, device=anchor.device), np.empty(0, np.int64)
+        m = int(rows.shape[0])
+        idx = np.full(b.flat.shape[0], m, dtype=np.int64)
+        idx[b.use_pos] = inverse
         weight = torch.cat([rows.reshape(m, width), rows.new_zeros((1, width))], 0)
         return nn.functional.embedding_bag(
-            torch.from_numpy(idx).to(anchor.device), weight, off.to(anchor.device), mode=self.mode,
-            per_sample_weights=psw, include_last_offset=self.include_last_offset, padding_idx=m)
+            torch.from_numpy(idx).to(anchor.device), weight, b.offsets.to(anchor.device), mode=self.mode,
+            per_sample_weights=b.weights, include_last_offset=self.include_last_offset, padding_idx=m)
 
     def extra_repr(self) -> str:
         extra = f", mode={self.mode!r}"
         if self.include_last_offset:
             extra += ", include_last_offset=True"
         return super().extra_repr() + extra
+
+
+class _Bags:
+    """Bags asked for and not pooled yet: keys, offsets, weights, where the non-padding keys are, their read."""
+
+    __slots__ = ("flat", "offsets", "read", "use_pos", "weights")
+
+    def __init__(self, flat: np.ndarray, offsets: torch.Tensor, weights: torch.Tensor | None, use_pos: np.ndarray,
+                 read: _Pending | None) -> None:
+        self.flat = flat
+        self.offsets = offsets
+        self.weights = weights
+        self.use_pos = use_pos
+        self.read = read
+
+
+def _identity(inverse: np.ndarray) -> bool:
+    """Whether every key's row is its own (no key repeats and they come in order)."""
+    return bool(inverse.shape[0] == 0 or (inverse[0] == 0 and np.all(np.diff(inverse) == 1)))
 
 
 def _torch_dtype(dtype: Any) -> torch.dtype:

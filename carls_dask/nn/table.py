@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from carls_dask.bank.core import LookupResult
 from carls_dask.bank.hashing import mix_seed
 from carls_dask.bank.initializers import initial_block
 from carls_dask.bank.schema import Column, TableSpec
@@ -98,8 +99,12 @@ class BankColumn:
         return self.col.np_dtype
 
     def read(self, keys: np.ndarray, insert: bool) -> np.ndarray:
-        """``[n, *shape]`` rows of ``keys`` (see the module docstring for ``insert``)."""
-        got = self.bank.lookup(self.table, keys, columns=[self.column], insert=insert)
+        """``[n, *shape]`` rows of ``keys`` (see the module docstring for ``insert``), read now."""
+        return self.rows_of(self.bank.lookup(self.table, keys, columns=[self.column], insert=insert), keys, insert)
+
+    def rows_of(self, got: LookupResult, keys: np.ndarray, insert: bool) -> np.ndarray:
+        """The ``[n, *shape]`` rows a lookup of ``keys`` answered; without ``insert`` a key the bank does not
+        hold reads the initializer's value."""
         rows = np.asarray(got.values[self.column])
         if not insert:
             missing = ~np.asarray(got.found, dtype=bool)
@@ -107,8 +112,3 @@ class BankColumn:
                 rows = rows.copy() if not rows.flags.writeable else rows
                 rows[missing] = initial_rows(self.spec, self.column, keys[missing])
         return rows
-
-    def push(self, keys: np.ndarray, grads: np.ndarray, learning_rate: float | None) -> np.ndarray:
-        """Apply ``grads`` (one row per key) with the table's optimizer; returns which keys were present."""
-        return np.asarray(self.bank.apply_gradients(self.table, keys, {self.column: grads},
-                                                    learning_rate=learning_rate))

@@ -2,11 +2,13 @@
 
 A :class:`Checkpointer` is small and picklable: the Workbench sends it with each trainer to its
 worker (the run folder must be on a file system the workers share, as on one machine or a
-cluster's shared disk). Every ``every`` steps the primary trainer snapshots the bank into
-``RUN/bank`` at its step and each trainer saves its :meth:`~carls_dask.runtime.trainer.Trainer.state`
-to ``RUN/checkpoints/<trainer>/step-<step>.pt``; the ``keep`` newest of each are kept. A trainer
-that starts with a checkpointer continues from its newest saved state, which is how a trainer
-whose worker died, or a run resumed with ``carls-dask run --resume``, comes back.
+cluster's shared disk). Every ``every`` steps each trainer saves its
+:meth:`~carls_dask.runtime.trainer.Trainer.state` to ``RUN/checkpoints/<trainer>/step-<step>.pt`` and
+the primary trainer then snapshots the bank into ``RUN/bank`` at the same step; the ``keep`` newest of
+each are kept. The state comes first, so every bank snapshot of a trainer's step has that trainer's state
+beside it: the pair is a consistent cut (:mod:`carls_dask.runtime.durability`). A trainer that starts
+with a checkpointer continues from its newest saved state, which is how a trainer whose worker died, or a
+run resumed with ``carls-dask run --resume``, comes back.
 """
 
 from __future__ import annotations
@@ -63,24 +65,27 @@ class Checkpointer:
         return version
 
     def save(self, trainer: str, step: int, state: Any, bank: Any = None) -> None:
-        """Snapshot ``bank`` (when given) and save ``state`` of ``trainer`` at ``step``, then prune old ones.
+        """Save ``state`` of ``trainer`` at ``step``, then snapshot ``bank`` (when given) at the same step; prune
+        old ones.
 
-        The state file is written under a temporary name and renamed, so a reader never sees half a file.
+        The state file is written under a temporary name and renamed, so a reader never sees half a file. It
+        is written before the snapshot, so a bank snapshot at a trainer's step always has its state beside it.
         """
         import torch
 
-        if bank is not None and self.bank_root is not None:
-            self.snapshot_bank(bank, step)
         folder = self.state_dir(trainer)
         folder.mkdir(parents=True, exist_ok=True)
         final = folder / state_file(step)
         tmp = folder / f".{final.name}.tmp"
         torch.save(state, tmp)
         os.replace(tmp, final)
-        for old in self._states(trainer)[:-self.keep]:
+        for old in self.states(trainer)[:-self.keep]:
             old[1].unlink(missing_ok=True)
+        if bank is not None and self.bank_root is not None:
+            self.snapshot_bank(bank, step)
 
-    def _states(self, trainer: str) -> list[tuple[int, pathlib.Path]]:
+    def states(self, trainer: str) -> list[tuple[int, pathlib.Path]]:
+        """``trainer``'s saved states as ``(step, file)``, oldest first."""
         folder = self.state_dir(trainer)
         if not folder.is_dir():
             return []
@@ -93,14 +98,14 @@ class Checkpointer:
 
     def newest_step(self, trainer: str) -> int | None:
         """The step of ``trainer``'s newest saved state, or ``None``."""
-        states = self._states(trainer)
+        states = self.states(trainer)
         return states[-1][0] if states else None
 
     def newest(self, trainer: str) -> dict[str, Any] | None:
         """``trainer``'s newest saved state, or ``None`` when it has none."""
         import torch
 
-        states = self._states(trainer)
+        states = self.states(trainer)
         if not states:
             return None
         step, path = states[-1]

@@ -162,7 +162,8 @@ class LoopResult:
     elapsed
         Seconds the loop ran (after set-up).
     reason
-        Why it ended: ``"max_steps"``, ``"max_rounds"`` or ``"stopped"``.
+        Why it ended: ``"max_steps"``, ``"max_rounds"``, ``"stopped"``, or :data:`ROLLED_BACK` (a table it wrote
+        was rolled back with a lost bank shard; ``value`` says which; the Workbench runs it again after the cut).
     published
         For trainers: the records of the versions it published.
     rounds

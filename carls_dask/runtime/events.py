@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -78,15 +79,18 @@ class LostLoops:
         Address of the removed worker.
     keys
         Keys of the Workbench's tasks that were running or assigned on that worker.
+    time
+        Unix time of the removal (0 when unknown).
     """
 
     workbench: str
     worker: str
     keys: tuple[str, ...]
+    time: float = 0.0
 
     def to_msg(self) -> dict[str, Any]:
         """The event message (msgpack-serialisable)."""
-        return {"workbench": self.workbench, "worker": self.worker, "keys": list(self.keys)}
+        return {"workbench": self.workbench, "worker": self.worker, "keys": list(self.keys), "time": self.time}
 
     @classmethod
     def from_msg(cls, msg: Any) -> LostLoops | None:
@@ -96,7 +100,9 @@ class LostLoops:
         keys, workbench, worker = msg.get("keys"), msg.get("workbench"), msg.get("worker")
         if not isinstance(workbench, str) or not isinstance(keys, (list, tuple)):
             return None
-        return cls(workbench, str(worker), tuple(str(k) for k in keys))
+        when = msg.get("time")
+        return cls(workbench, str(worker), tuple(str(k) for k in keys),
+                   float(when) if isinstance(when, int | float) and not isinstance(when, bool) else 0.0)
 
 
 class WorkerLossWatch(SchedulerPlugin):
@@ -136,7 +142,7 @@ class WorkerLossWatch(SchedulerPlugin):
         keys = self._left.pop(stimulus_id, None)
         if not keys:
             return
-        report = LostLoops(self.workbench, worker, tuple(dict.fromkeys(keys)))
+        report = LostLoops(self.workbench, worker, tuple(dict.fromkeys(keys)), time.time())
         logger.info("worker %s removed while running %s (stimulus %s)", worker, list(report.keys), stimulus_id)
         scheduler.log_event(self.topic, report.to_msg())
 

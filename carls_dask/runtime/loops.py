@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from carls_dask.bank.stepprofile import StepProfile
 from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext, LoopResult, MakerRound
 from carls_dask.runtime.maker import KnowledgeMaker
@@ -46,7 +47,7 @@ class TrainerDriver:
     sets the bank's step to the published step, so delta-log records carry the model step they
     follow), evaluates every ``eval_every`` steps, reports every ``ctx.metrics_every`` steps and
     after each evaluation, and every ``ctx.checkpoint.every`` steps saves the trainer's state
-    (the primary trainer snapshots the bank first).
+    (the primary trainer then snapshots the bank at the same step).
     """
 
     def __init__(self, trainer: Trainer, ctx: LoopContext) -> None:
@@ -83,6 +84,7 @@ class TrainerDriver:
         self.last_saved = self.step if state is not None else None
         self._t0 = time.monotonic()
         self._last_report = (self._t0, self.step)
+        self._profile = StepProfile(ctx.bank) if ctx.bank is not None else None
 
     def done(self) -> bool:
         """Whether the loop should end now (``max_steps`` reached or a stop requested); sets the reason."""
@@ -116,11 +118,13 @@ class TrainerDriver:
         values = {"step": float(self.step), **self.metrics}
         if now > t and self.step > s:  # no new rate when no step was taken since the last report
             values[STEPS_PER_S] = (self.step - s) / (now - t)
+            if self._profile is not None:  # what the steps cost the bank and this process
+                values.update(self._profile.stop(self.step - s).as_metrics())
         self.ctx.report(values)
         self._last_report = (now, self.step)
 
     def checkpoint(self) -> None:
-        """Save the trainer's state (the primary trainer snapshots the bank first)."""
+        """Save the trainer's state (the primary trainer then snapshots the bank at the same step)."""
         ctx = self.ctx
         if ctx.checkpoint is None:
             return
@@ -131,6 +135,8 @@ class TrainerDriver:
     def advance(self) -> ModelVersion | None:
         """Run one step, then publish, evaluate, report and checkpoint as due; returns the version published."""
         trainer, ctx = self.trainer, self.ctx
+        if ctx.bank is not None:  # rows the step's bank layers train record this trainer and step
+            ctx.bank.set_writer(trainer.name, self.step)
         self.metrics.update(_numbers(trainer.step(self.step), f"{type(trainer).__name__}.step"))
         self.step += 1
         trainer.start_step = self.step
@@ -149,6 +155,8 @@ class TrainerDriver:
     def end(self) -> LoopResult:
         """Publish the final model if it was not just published, report, save the final state; the result."""
         trainer, ctx, result = self.trainer, self.ctx, self.result
+        if ctx.bank is not None:  # the last step's gradient pushes, held by the layers' queue, land now
+            ctx.bank.flush()
         published = self.publish() if self.step != self.last_published and self.step > self.first else None
         if trainer.eval_every and self.last_eval != self.step and self.step > self.first:
             self.evaluate()

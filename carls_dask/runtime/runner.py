@@ -10,10 +10,15 @@ Both drivers write the same run folder (its names: :mod:`carls_dask.storage.runf
     RUN/run.json            what ran (loops, their states, the resolved configuration)
     RUN/result.json         settings, variant, seed, figures, versions and wall time of every segment (schema below)
 
-Every run is durable: the bank logs each acknowledged write under ``RUN/bank`` before the call
-returns, so a shard whose worker dies is re-homed from the store; a trainer whose worker dies is
-run again from its newest saved state; :func:`resume_run` continues a run folder whose process
-died from its newest checkpoint, and extends a finished run to more steps. A run never loses a
+Every run is durable, each table as its durability policy says (:mod:`carls_dask.runtime.durability`):
+a table written by makers logs each acknowledged write under ``RUN/bank`` before the call returns, a
+table trained by gradients is kept by the run's checkpoints. A shard whose worker dies is re-homed from
+the store; when it held tables kept by snapshots, those and the trainer go back to the newest checkpoint
+together (one consistent cut) and the run goes on. A trainer whose worker dies is run again from its
+newest saved state; :func:`resume_run` continues a run folder whose process died from its newest
+checkpoint, and extends a finished run to more steps. A run whose bank writes would take the disk below
+``carls.storage.disk-reserve`` stops cleanly with :class:`~carls_dask.errors.RunStopped`, its last
+checkpoint kept. A run never loses a
 result: a resume that would (a finished run without more steps, ``steps`` at or below the
 checkpoint, a folder that mixes two runs) is refused before anything is written, and an extended
 run's ``result.json`` keeps every segment. The run's identity is the ``run_id`` in
@@ -56,10 +61,19 @@ from typing import Any
 
 from carls_dask import config
 from carls_dask.console import command_name
-from carls_dask.errors import ConfigError, CorruptStoreError, StoreError
+from carls_dask.errors import (
+    CarlsError,
+    ConfigError,
+    CorruptStoreError,
+    DiskReserveError,
+    LoopFailedError,
+    RunStopped,
+    StoreError,
+)
 from carls_dask.runtime.channel import LocalModelChannel
 from carls_dask.runtime.checkpoints import Checkpointer
 from carls_dask.runtime.context import LoopContext, LoopResult, ThreadStop, pick_device
+from carls_dask.runtime.durability import drop_states_after, newest_cut, run_tables, snapshot_kept
 from carls_dask.runtime.loops import MakerDriver, TrainerDriver
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.paradigm import Paradigm
@@ -143,6 +157,9 @@ class _Resume:
     run_id: str
     checkpoint: int
     previous: dict[str, Any] | None
+    #: The snapshot of the cut, when the bank holds tables kept by snapshots alone (their rows and the
+    #: trainer's state come back from the same step); None otherwise.
+    bank_version: int | None = None
 
 
 @dataclasses.dataclass
@@ -191,7 +208,7 @@ def _plan(paradigm: Paradigm | str, settings: Any, variant: str | None, run_dir:
     else:
         name = p.variant_name(variant) if variant is not None else p.variant_of(settings)
     settings = p.prepare(settings)
-    tables = list(p.tables(settings))  # asked once: a paradigm may read its data to answer
+    tables = run_tables(p.tables(settings))  # asked once: a paradigm may read its data to answer
     trainers, makers = _split(p.loops(settings), p.name)
     run_id = resume.run_id if resume is not None else uuid.uuid4().hex
     checkpointer = None
@@ -307,8 +324,12 @@ def _interrupted(plan: _Plan, step: int) -> RunInterrupted:
     """The :class:`RunInterrupted` of ``plan``'s run stopped at ``step``, naming the checkpoint it keeps."""
     checkpoint = None
     if plan.run_dir is not None:
-        steps = RunFolder(plan.run_dir).state_steps(plan.trainers[0].name)
+        run = RunFolder(plan.run_dir)
+        steps = run.state_steps(plan.trainers[0].name)
         checkpoint = steps[-1] if steps else None
+        if _snapshot_kept_store(run.bank):  # what --resume continues from: the newest consistent cut
+            version, cut = newest_cut(str(run.bank), steps)
+            checkpoint = cut if version is not None and cut in steps else None
     return RunInterrupted(plan.run_dir, step, checkpoint)
 
 
@@ -371,10 +392,15 @@ def run_paradigm(paradigm: Paradigm | str, settings: Any = None, *, variant: str
                 root = plan.bank_root
                 if plan.resume is not None and root is not None and has_snapshot(root):
                     wb.restore_bank(root, n_shards=n_shards)
+                    _roll_back_to_cut(wb.bank, plan)
                 else:
                     wb.create_bank(tables, n_shards=n_shards, log_root=plan.bank_root)
                     if _has_initialise(p):
                         wb.client.submit(p.initialise, wb.bank, s, pure=False).result(timeout=seconds)
+                    kept = snapshot_kept(tables)
+                    if kept and plan.checkpointer is not None and root is not None and \
+                            any(wb.bank.size(t) for t in kept):  # what initialise put there: a cut to go back to
+                        plan.checkpointer.snapshot_bank(wb.bank, 0)
             for i, t in enumerate(trainers):
                 wb.submit_trainer(t, primary=i == 0)
             for m in makers:
@@ -388,7 +414,47 @@ def run_paradigm(paradigm: Paradigm | str, settings: Any = None, *, variant: str
         if isinstance(exc, RunInterrupted):
             raise
         raise _interrupted(plan, max(plan.first_step, wb.book.primary_step())) from None
+    except (LoopFailedError, DiskReserveError) as exc:
+        full = _disk_full(exc)
+        if full is None:
+            raise
+        raise _stopped(plan, max(plan.first_step, wb.book.primary_step()), full) from exc
     return _finish(plan, "workbench", results, restarts)
+
+
+def _disk_full(exc: BaseException) -> DiskReserveError | None:
+    """The :class:`DiskReserveError` ``exc`` is or was raised from (a loop's failure carries it as its cause)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, DiskReserveError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _stopped(plan: _Plan, step: int, why: DiskReserveError) -> RunStopped:
+    """The :class:`RunStopped` of a run whose bank refused a write at the disk reserve, naming its last checkpoint."""
+    stop = _interrupted(plan, step)
+    if stop.run_dir is None:
+        return RunStopped(f"stopped at step {step}: {why}", None, step, None)
+    where = (f"checkpoint at step {stop.checkpoint} kept in {stop.run_dir}; then continue with: "
+             f"{command_name()} run --resume {stop.run_dir}") if stop.checkpoint is not None else (
+        f"no checkpoint was kept in {stop.run_dir} (it stopped before the first): start it again")
+    return RunStopped(f"run stopped cleanly at step {step}: {why}; {where}", stop.run_dir, step, stop.checkpoint)
+
+
+def _roll_back_to_cut(bank: Any, plan: _Plan) -> None:
+    """After restoring a resumed run's bank: bring the tables kept by snapshots back to the cut, when the cut is
+    not the newest snapshot (the logged tables keep the newest state the store holds)."""
+    from carls_dask.storage import list_snapshots
+
+    version = plan.resume.bank_version if plan.resume is not None else None
+    root = plan.bank_root
+    if version is None or root is None or int(list_snapshots(root)[-1]["version"]) == version:
+        return
+    bank.rollback(root, version)
 
 
 def run_inline(paradigm: Paradigm | str, settings: Any = None, *, variant: str | None = None,
@@ -430,6 +496,7 @@ def run_inline(paradigm: Paradigm | str, settings: Any = None, *, variant: str |
     if tables:
         if plan.resume is not None and plan.bank_root is not None and has_snapshot(plan.bank_root):
             bank = KnowledgeBank.restore_local(plan.bank_root, n_shards=n_shards, log_root=plan.bank_root)
+            _roll_back_to_cut(bank, plan)
         else:
             bank = KnowledgeBank.local(tables, n_shards=n_shards, log_root=plan.bank_root)
     book = ProgressBook(p.unprefixed, primary=trainers[0].name)
@@ -460,6 +527,7 @@ def run_inline(paradigm: Paradigm | str, settings: Any = None, *, variant: str |
         mdrivers.append((source, MakerDriver(m, ctx(m, channels[source]))))
     started: list[TrainerDriver | MakerDriver] = []
     results: dict[str, LoopResult] = {}
+    full: DiskReserveError | None = None
 
     def rounds(source: str) -> None:
         for src, md in mdrivers:
@@ -499,6 +567,9 @@ def run_inline(paradigm: Paradigm | str, settings: Any = None, *, variant: str |
         if isinstance(exc, RunInterrupted):
             raise
         interrupted = True
+    except DiskReserveError as exc:
+        full = exc
+        interrupted = False
     else:
         interrupted = False
     finally:
@@ -513,6 +584,8 @@ def run_inline(paradigm: Paradigm | str, settings: Any = None, *, variant: str |
             bank.close()
     if interrupted:
         raise _interrupted(plan, max(plan.first_step, tdrivers[0].step)) from None
+    if full is not None:
+        raise _stopped(plan, max(plan.first_step, tdrivers[0].step), full) from full
     return _finish(plan, "inline", results, {})
 
 
@@ -568,6 +641,10 @@ def _check_resume(folder: pathlib.Path, steps: int | None) -> tuple[dict[str, An
                           "primary trainer and the folder has no single checkpoints/ folder)")
     have = run.state_steps(primary)
     checkpoint = have[-1] if have else None
+    bank_version = None
+    if _snapshot_kept_store(run.bank):  # the trained tables and the trainer come back from one step
+        bank_version, cut = newest_cut(str(run.bank), have)
+        checkpoint = cut if bank_version is not None and cut in have else None
     if checkpoint is None:
         raise ConfigError(f"{where}: no checkpoint of trainer {primary!r} to continue from (the run stopped before "
                           f"its first one, every carls.run.snapshot-every steps); start it again into a new folder")
@@ -605,7 +682,18 @@ def _check_resume(folder: pathlib.Path, steps: int | None) -> tuple[dict[str, An
         raise ConfigError(f"{where}: {REQUEST} names run {run_id!r} but {METRICS} belongs to run {stored!r}; "
                           "the folder mixes two runs, so it is left as it is")
     identity = str(run_id) if isinstance(run_id, str) else str(stored or folder.name)
-    return request, settings, p, _Resume(identity, checkpoint, previous)
+    return request, settings, p, _Resume(identity, checkpoint, previous, bank_version)
+
+
+def _snapshot_kept_store(root: pathlib.Path) -> bool:
+    """Whether the bank store's newest snapshot holds tables kept by snapshots alone."""
+    from carls_dask.storage.manifest import read_manifest
+
+    try:
+        man = read_manifest(root)
+    except CarlsError:
+        return False
+    return bool(snapshot_kept(man.get("meta", {}).get("tables", {}).values()))
 
 
 def _recorded(request: Mapping[str, Any], where: str) -> Paradigm:
@@ -672,6 +760,10 @@ def resume_run(run_dir: str | os.PathLike[str], *, steps: int | None = None, inl
     if steps is not None and int(steps) < 1:
         raise ConfigError(f"resume {folder}: steps={steps!r}; expected a positive number of steps")
     request, settings, p, resume = _check_resume(folder, None if steps is None else int(steps))
+    if resume.bank_version is not None:  # states past the cut belong to steps the resumed run redoes
+        primary = _primary_of(RunFolder(folder), request, resume.previous)
+        if primary is not None:
+            drop_states_after(Checkpointer(str(folder), 0, 1), primary, resume.checkpoint)
     use_inline = request.get("driver") == "inline" if inline is None else bool(inline)
     logger.info("resuming %s %s in %s from step %d", p.name, request.get("variant"), folder, resume.checkpoint)
     if use_inline:

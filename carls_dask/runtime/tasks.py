@@ -12,12 +12,18 @@ from typing import Any
 
 from carls_dask.runtime.channel import ModelChannel
 from carls_dask.runtime.context import LoopContext, LoopResult, LoopSettings, StopControl
+from carls_dask.runtime.durability import rolled_back
 from carls_dask.runtime.loops import run_loop
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.placement import device_for
 from carls_dask.runtime.trainer import Trainer
 
-__all__ = ["DaskStop", "LoopSpec", "run_loop_task"]
+__all__ = ["ROLLED_BACK", "STARTED", "DaskStop", "LoopSpec", "run_loop_task"]
+
+#: The ``event`` of the message a loop task sends on its progress topic when it starts.
+STARTED = "started"
+#: The ``reason`` of a loop that ended because a table it wrote was rolled back with a lost bank shard.
+ROLLED_BACK = "rolled back"
 
 logger = logging.getLogger(__name__)
 
@@ -117,12 +123,16 @@ def run_loop_task(spec: LoopSpec) -> LoopResult:
     It secedes from the worker's thread pool first, so short tasks on the same worker keep
     running beside it. Its torch device is the next of this process's CUDA devices, round-robin
     (``"cpu"`` without CUDA). An exception propagates unchanged: the future fails with the original
-    traceback.
+    traceback; except one raised because a table the loop wrote was rolled back with a lost bank shard
+    (:class:`~carls_dask.errors.RolledBackError`), which ends the loop with reason :data:`ROLLED_BACK`.
     """
-    from distributed import secede
+    from distributed import get_worker, secede
 
     secede()
     obj = spec.obj
+    worker = get_worker()  # tells the Workbench where (again) the loop runs: a restart's one line names it
+    worker.log_event(spec.topic, {"loop": obj.name, "kind": obj.kind, "event": STARTED, "worker": worker.address,
+                                  "time": time.time()})
     ctx = LoopContext(
         name=obj.name,
         kind=obj.kind,
@@ -133,4 +143,11 @@ def run_loop_task(spec: LoopSpec) -> LoopResult:
         **spec.loop_settings(),
     )
     logger.info("%s %s starting on %s", obj.kind, obj.name, ctx.device)
-    return run_loop(obj, ctx)
+    try:
+        return run_loop(obj, ctx)
+    except Exception as exc:
+        if not rolled_back(exc):
+            raise
+        # not a failure: the Workbench rolls the bank and this loop back to one checkpoint and runs it again
+        logger.info("%s %s: %s", obj.kind, obj.name, exc)
+        return LoopResult(obj.name, obj.kind, reason=ROLLED_BACK, value=str(exc))

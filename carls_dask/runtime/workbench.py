@@ -49,16 +49,18 @@ from carls_dask.errors import (
     DeadlineExceeded,
     LifecycleError,
     LoopFailedError,
+    RolledBackError,
 )
 from carls_dask.runtime.channel import ModelChannel, unique_prefix
 from carls_dask.runtime.clusters import make_security, start_cluster
 from carls_dask.runtime.context import LoopResult
+from carls_dask.runtime.durability import cut_line, drop_states_after, newest_cut, snapshot_kept
 from carls_dask.runtime.events import LostLoops, WorkerLossWatch, loss_topic, watch_name
 from carls_dask.runtime.lifecycle import Lifecycle, State
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.placement import BANK, loop_resources, resources_for, worker_resources, workers_with
 from carls_dask.runtime.progress import ProgressBook, ProgressSink
-from carls_dask.runtime.tasks import LoopSpec, run_loop_task
+from carls_dask.runtime.tasks import ROLLED_BACK, STARTED, LoopSpec, run_loop_task
 from carls_dask.runtime.trainer import Trainer
 from carls_dask.storage.runfolder import RunFolder
 
@@ -109,6 +111,10 @@ class LoopHandle:
         self.error: BaseException | None = None
         self.result: LoopResult | None = None
         self.restarts = 0
+        #: How the loop was submitted (its spec and ``Client.submit`` keywords), to submit it again after a cut.
+        self.submitted: tuple[Any, dict[str, Any]] | None = None
+        #: A restart under way: when the fault happened (unix time) and what the one line reporting it says so far.
+        self.recovering: tuple[float, str] | None = None
 
     def __repr__(self) -> str:
         return f"<LoopHandle {self.kind} {self.name!r} {self.life.state.value}>"
@@ -185,6 +191,8 @@ class Workbench:
         self._home_worker: str | None = None
         self._placement = str(config.get("bank.placement"))
         self._events: collections.deque[Any] = collections.deque()
+        self._rehomings: collections.deque[tuple[str, dict[str, Any]]] = collections.deque()
+        self._rehome_topic: str | None = None
         self._loss_reports: collections.deque[Any] = collections.deque()
         self.maker_restarts = int(config.get("runtime.maker-restarts"))
         self.trainer_restarts = int(config.get("runtime.trainer-restarts"))
@@ -204,6 +212,8 @@ class Workbench:
         self._monitor: threading.Thread | None = None
         self._monitor_stop = threading.Event()
         self._failure: tuple[str, BaseException] | None = None
+        self._cut_lock = threading.RLock()
+        self._seen_finished: set[str] = set()  # loop futures whose result was read for a rollback
         self._failure_raised = False
         self._stop_event: Any = None
         self._started_at = 0.0
@@ -359,6 +369,7 @@ class Workbench:
             self.checkpointer = dataclasses.replace(self.checkpointer, bank_root=log_root)
         self.bank = KnowledgeBank.create(self.client, tables, n_shards=n_shards, buckets=buckets, workers=workers,
                                          name=name or f"{self.prefix}-bank", log_root=log_root)
+        self._relay_rehomings()
         return self.bank
 
     def restore_bank(self, root: str, *, n_shards: int | None = None, version: int | None = None) -> Any:
@@ -375,7 +386,23 @@ class Workbench:
         workers = self._shard_workers(self._placement)
         self.bank = KnowledgeBank.restore(self.client, root, n_shards=n_shards, version=version, workers=workers,
                                           log_root=root)
+        self._relay_rehomings()
         return self.bank
+
+    def _relay_rehomings(self) -> None:
+        """Log, in this process, the one line of each re-homing of the bank's shards that a task's copy did
+        (its own line stays in the worker's log); the monitor drains them."""
+        from carls_dask.bank.rehoming import process_id, rehome_topic
+
+        here, bank = process_id(), self.bank.name
+
+        def relay(event: Any) -> None:
+            _, msg = event
+            if isinstance(msg, dict) and msg.get("by") != here:
+                self._rehomings.append((bank, msg))
+
+        self._rehome_topic = rehome_topic(bank)
+        self.client.subscribe_topic(self._rehome_topic, relay)
 
     def _shard_workers(self, placement: str) -> list[str]:
         """The workers bank shards go on: those with the shard resources (``carls.placement``)."""
@@ -452,11 +479,12 @@ class Workbench:
         if workers is None and first_trainer and self._placement == "colocate":
             workers = [self.home_worker()]
         # a maker only prefers its workers: after its worker died it is run again on a live one
-        future = self.client.submit(run_loop_task, spec, key=f"{obj.kind}-{obj.name}-{self.prefix}", pure=False,
-                                    resources=resources, workers=list(workers) if workers else None, retries=0,
-                                    allow_other_workers=bool(workers) and (isinstance(obj, KnowledgeMaker)
-                                                                           or self.checkpointer is not None))
+        kwargs = {"pure": False, "resources": resources, "workers": list(workers) if workers else None,
+                  "retries": 0, "allow_other_workers": bool(workers) and (isinstance(obj, KnowledgeMaker)
+                                                                          or self.checkpointer is not None)}
+        future = self.client.submit(run_loop_task, spec, key=f"{obj.kind}-{obj.name}-{self.prefix}", **kwargs)
         handle = LoopHandle(obj.name, obj.kind, future, obj)
+        handle.submitted = (spec, kwargs)
         self._loops[obj.name] = handle
         if primary:
             self.book.primary = obj.name  # the bar counts the primary trainer's steps, to its max_steps
@@ -472,12 +500,31 @@ class Workbench:
 
     # -- monitoring --------------------------------------------------------------------------
     def _drain(self) -> None:
+        from carls_dask.bank.rehoming import rehome_line
+
+        while self._rehomings:
+            bank, event = self._rehomings.popleft()
+            logger.warning("%s", rehome_line(bank, event))
         while self._events:
             _, msg = self._events.popleft()
-            if isinstance(msg, dict):
+            if isinstance(msg, dict) and msg.get("event") == STARTED:
+                self._loop_started(msg)
+            elif isinstance(msg, dict):
                 self.book.update(msg)
                 if self._sink is not None and msg.get("kind") == "trainer":
                     self._sink.record()  # a metric row per trainer report
+
+    def _loop_started(self, msg: dict[str, Any]) -> None:
+        """A loop task started: when it runs again after a fault, log the fault's one line (what was lost, what
+        took over, how long it took)."""
+        handle = self._loops.get(str(msg.get("loop")))
+        if handle is None or handle.recovering is None:
+            return
+        t0, line = handle.recovering
+        handle.recovering = None
+        when = msg.get("time")
+        took = (float(when) if isinstance(when, int | float) else time.time()) - t0
+        logger.warning("%s; running again on %s %.1fs after the fault", line, msg.get("worker"), max(took, 0.0))
 
     def _check_lost_workers(self) -> None:
         """React to workers that were removed while running a loop (reports of the Workbench's watch).
@@ -512,9 +559,10 @@ class Workbench:
                     if handle.kind == "trainer":
                         step = self.checkpointer.newest_step(handle.name)
                         start = f" from its state at step {step}" if step is not None else " from its first step"
-                    logger.warning("%s %s: its worker %s died; the scheduler runs it again on a live worker%s "
-                                   "(restart %d of %d, %s)", handle.kind, handle.name, worker, start,
-                                   handle.restarts, limit, setting)
+                    line = (f"{handle.kind} {handle.name}: its worker {worker} died; run again{start} (restart "
+                            f"{handle.restarts} of {limit}, {setting})")
+                    logger.info("%s", line)
+                    handle.recovering = (report.time or time.time(), line)
                     self.book.update({"loop": handle.name, "kind": handle.kind, "restarts": handle.restarts})
                     continue
                 if restartable:
@@ -530,12 +578,62 @@ class Workbench:
 
     def _check_loops(self) -> None:
         self._check_lost_workers()
-        for handle in list(self._loops.values()):
-            if handle.error is not None or handle.life.state in (State.CLOSED, State.FAILED):
-                continue
-            if handle.future.status == "error":
-                exc = handle.future.exception(timeout=self.start_timeout)
-                self._fail(handle, exc)
+        with self._cut_lock:  # the monitor thread and wait() both check
+            cut = []
+            for handle in list(self._loops.values()):
+                if handle.error is not None or handle.life.state in (State.CLOSED, State.FAILED):
+                    continue
+                if handle.future.status == "error":
+                    self._fail(handle, handle.future.exception(timeout=self.start_timeout))
+                elif handle.future.status == "finished" and handle.future.key not in self._seen_finished:
+                    self._seen_finished.add(handle.future.key)
+                    result = handle.future.result(timeout=self.start_timeout)
+                    if result.reason != ROLLED_BACK:
+                        handle.result = result  # read once
+                    elif not self._can_cut(handle):
+                        self._fail(handle, RolledBackError(f"{handle.kind} {handle.name!r}: {result.value}"))
+                    else:
+                        cut.append(handle)
+            if cut:
+                self._cut(cut)
+
+    def _can_cut(self, handle: LoopHandle) -> bool:
+        """Whether ``handle``'s loop, ended on a table rolled back with a lost shard, can be run again after a
+        consistent cut (the run keeps checkpoints, the bank a store, and the loop has restarts left)."""
+        limit = self.maker_restarts if handle.kind == "maker" else self.trainer_restarts
+        return (self.bank is not None and self.checkpointer is not None and self.checkpointer.bank_root is not None
+                and handle.restarts < limit and handle.submitted is not None and self.state is State.RUNNING)
+
+    def _cut(self, handles: list[LoopHandle]) -> None:
+        """Roll the bank's snapshot-kept tables back to the newest checkpoint and run ``handles`` again from it.
+
+        A shard holding tables kept by snapshots alone was lost: its replacement holds them as of the newest
+        snapshot and refuses their writes, and the loops that wrote them failed on that. Every shard takes
+        those tables back to the snapshot whose step the primary trainer saved a state at (one consistent
+        cut), the primary trainer's states past it are dropped, and the failed loops are submitted again: a
+        trainer continues from its newest saved state, a maker from the newest model.
+        """
+        t0 = time.monotonic()
+        ckpt = self.checkpointer
+        root = str(ckpt.bank_root)
+        version, step = newest_cut(root, [st for st, _ in ckpt.states(self.book.primary or handles[0].name)])
+        tables = snapshot_kept(self.bank.tables.values())
+        self.bank.rollback(root, -1 if version is None else version, tables)  # -1: empty, before any snapshot
+        if self.book.primary:
+            drop_states_after(ckpt, self.book.primary, step)
+        events = self.bank.stats()["rehoming"].get("events") or []
+        lost = (f"bank shard {events[-1]['shard']} (worker {events[-1]['from']})" if events else "a bank shard")
+        when = float(events[-1]["time"]) - float(events[-1]["rehome_s"]) if events else time.time()
+        line = cut_line([f"{h.kind} {h.name}" for h in handles], version, step, tables, time.monotonic() - t0,
+                        f"{lost} lost")
+        logger.info("%s", line)
+        for h in handles:
+            h.restarts += 1
+            spec, kwargs = h.submitted  # type: ignore[misc]
+            h.recovering = (when, line)
+            h.future = self.client.submit(run_loop_task, spec, key=f"{h.kind}-{h.name}-r{h.restarts}-{self.prefix}",
+                                          **kwargs)
+            self.book.update({"loop": h.name, "kind": h.kind, "restarts": h.restarts})
 
     def _fail(self, handle: LoopHandle, exc: BaseException) -> None:
         handle.error = exc
@@ -559,6 +657,7 @@ class Workbench:
         interval = max(0.05, min(self.report_interval, 0.5))
         while not self._monitor_stop.wait(interval):
             try:
+                self._check_lost_workers()  # before the progress events: a restarted loop's start then finds its fault
                 self._drain()
                 if self._sink is not None:
                     self._sink.flush()
@@ -614,9 +713,9 @@ class Workbench:
                 self._raise_failure(again=True)
             if all(h.future.done() for h in targets):
                 self._check_loops()
-                if self._failure is None:
+                if self._failure is None and all(h.future.done() for h in targets):
                     return
-                continue  # a target failed: the branch above stops the others and raises
+                continue  # a target failed (the branch above stops the others and raises) or runs again after a cut
             if time.monotonic() >= deadline:
                 left = [h.name for h in targets if not h.future.done()]
                 raise DeadlineExceeded(f"Workbench {self.name!r}: {left} still running after {seconds:g}s "
@@ -685,7 +784,12 @@ class Workbench:
             elif h.future.status == "error":
                 self._fail(h, h.future.exception(timeout=seconds))
             elif h.future.status == "finished":
-                h.result = h.future.result(timeout=seconds)
+                if h.result is None:
+                    h.result = h.future.result(timeout=seconds)
+                if h.result.reason == ROLLED_BACK:  # no cut while stopping: the table it wrote is behind the loop
+                    self._fail(h, RolledBackError(f"{h.kind} {h.name!r}: {h.result.value}"))
+                    h.result = None
+                    continue
                 h.life.to(State.CLOSED)
                 if h.kind == "trainer":  # its last report may still be on the way: the bar ends complete
                     self.book.update({"loop": h.name, "kind": h.kind, "step": h.result.step})
@@ -791,10 +895,13 @@ class Workbench:
         if self.client is not None:
             for channel in self._channels.values():
                 channel.delete()
-            try:
-                self.client.unsubscribe_topic(self.topic)
-            except Exception:
-                logger.debug("unsubscribe failed", exc_info=True)
+            for topic in (self.topic, self._rehome_topic):
+                if topic is None:
+                    continue
+                try:
+                    self.client.unsubscribe_topic(topic)
+                except Exception:
+                    logger.debug("unsubscribe failed", exc_info=True)
             self._unwatch_worker_loss()
         for h in self._loops.values():
             h.future = _Released(h.future)

@@ -1,5 +1,5 @@
-"""Bank and cluster health view, over every table of the bank: its tables, size and newest write, shard sizes,
-rates, staleness, makers, speed."""
+"""Bank and cluster health view, over every table of the bank: its tables, size and newest write, the bank
+folder's bytes by part (snapshots, delta log), shard sizes, rates, staleness, makers, speed."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from carls_dask.dashboards import metricnames as mn
 from carls_dask.dashboards.bankdata import has_column, shards_of
 from carls_dask.dashboards.figures import LiveBars, LiveCurves, LiveStackedBars
 from carls_dask.dashboards.health import (
+    bank_parts,
     bank_summary,
     counter_rates,
     maker_versions,
@@ -70,6 +71,8 @@ class HealthView(RunView):
         self.version = pn.indicators.Number(label="newest row version", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
         self.model_step = pn.indicators.Number(label="newest model step", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
         self.snapshots = pn.indicators.Number(label="snapshots", value=0, format="{value:,.0f}", font_size="28pt", title_size="11pt")
+        self.snapshot_mb = pn.indicators.Number(label="snapshots MB", value=0, format="{value:,.1f}", font_size="28pt", title_size="11pt")
+        self.log_mb = pn.indicators.Number(label="delta log MB", value=0, format="{value:,.1f}", font_size="28pt", title_size="11pt")
         self.tables = pn.pane.HTML("", sizing_mode="stretch_width", stylesheets=[_TABLE_CSS])
         self._shards = LiveStackedBars("rows per shard, by table", "no bank yet", "shard", "rows", name="health-shards")
         self._rates = LiveCurves(
@@ -99,7 +102,8 @@ class HealthView(RunView):
         if figures is None:
             figures = bank_summary(None)
             figures["snapshots"] = 0.0
-        return figures
+        parts = self.reader.bank_bytes()  # measured again only when the bank folder changed
+        return {**figures, **bank_parts(parts)}
 
     def show_numbers(self, figures: dict[str, float]) -> None:
         """Show figures from :meth:`read_numbers` (call on the thread that owns the page)."""
@@ -110,6 +114,9 @@ class HealthView(RunView):
         for ind, key in ((self.rows, "rows"), (self.version, "version"), (self.model_step, "model_step"), (self.snapshots, "snapshots")):
             v = figures.get(key, float("nan"))
             ind.value = 0 if math.isnan(v) else int(v)
+        for ind, key in ((self.snapshot_mb, "snapshot_mb"), (self.log_mb, "log_mb")):
+            v = figures.get(key, float("nan"))
+            ind.value = 0.0 if math.isnan(v) else float(v)
 
     def _latest(self) -> dict[str, xr.Dataset]:
         """Every table of the bank as it is now (none before the first snapshot)."""
@@ -220,7 +227,7 @@ class HealthView(RunView):
     def _layout(self) -> pn.viewable.Viewable:
         wide = {"sizing_mode": "stretch_width"}
         return pn.Column(
-            pn.Row(self.rows, self.version, self.model_step, self.snapshots, **wide),
+            pn.Row(self.rows, self.version, self.model_step, self.snapshots, self.snapshot_mb, self.log_mb, **wide),
             self.tables,
             pn.Row(self._shards.pane, self._stale.pane, **wide),
             pn.Row(self._rates.pane, self._speed.pane, **wide),

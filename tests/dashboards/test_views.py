@@ -271,3 +271,24 @@ def test_pseudo_labels_kept_in_a_table_of_their_own_are_found(tmp_path: pathlib.
     assert view.quality["labelled"] == labelled.size
     assert view.quality["precision"] == pytest.approx(1 - wrong.mean())
     assert "labelled rows 320 of 320" in view.summary.object
+
+
+def test_health_shows_the_bank_folders_snapshot_and_log_bytes(tmp_path: pathlib.Path) -> None:
+    import os
+
+    from carls_dask.bank import Column, KnowledgeBank, TableSpec
+
+    nodes_spec = TableSpec("nodes", columns=(Column("embedding", shape=(4,)),), optimizer=None)
+    keys = np.arange(300, dtype=np.int64)
+    with KnowledgeBank.local([nodes_spec], n_shards=2, buckets=16, log_root=str(tmp_path / "bank")) as bank:
+        bank.update("nodes", keys, {"embedding": np.ones((300, 4), np.float32)})
+        bank.snapshot(str(tmp_path / "bank"), 10)
+        bank.update("nodes", keys[:50], {"embedding": np.zeros((50, 4), np.float32)})  # after it: in the log
+    d = Dashboard(reader=RunReader(tmp_path))
+    d.health.refresh_numbers()
+    bank_dir = tmp_path / "bank"
+    log = sum(p.stat().st_size for p in bank_dir.glob("delta/shard-*/seg-*.log"))
+    snaps = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(bank_dir / "snapshots") for f in fs)
+    assert log > 0 and snaps > 0
+    assert d.health.snapshot_mb.value == snaps / 1e6 and d.health.log_mb.value == log / 1e6
+    assert d.health.rows.value == 300

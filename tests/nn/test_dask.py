@@ -144,14 +144,28 @@ def test_pipelined_with_staleness_1_misses_at_most_one_update_per_row_as_counted
     model[0].close()
 
 
-def test_a_failed_gradient_push_surfaces_at_the_next_call(dask_bank: KnowledgeBank) -> None:
+def test_a_bad_gradient_is_refused_in_backward_before_anything_is_sent(dask_bank: KnowledgeBank) -> None:
     emb = BankEmbedding(dask_bank, "words", pipeline=True)
     out = emb(torch.tensor([1, 2]))
-    (out * float("inf")).sum().backward()  # the bank refuses non-finite gradients
+    before = dask_bank.lookup("words", [1, 2]).values["embedding"]
     with pytest.raises(InvalidBatchError, match="NaN or Inf"):
-        emb.flush()
-        emb(torch.tensor([3]))
+        (out * float("inf")).sum().backward()  # the bank refuses non-finite gradients: checked as the push is held
+    emb.flush()
+    np.testing.assert_array_equal(dask_bank.lookup("words", [1, 2]).values["embedding"], before)
     emb.close()
+
+
+def test_a_push_the_shard_refuses_surfaces_at_the_next_call(client: Any) -> None:
+    """A push the client accepts but the shard's optimizer refuses (its step would overflow) fails at the next call."""
+    with KnowledgeBank.create(client, [table("huge", "sgd", lr=1e38)], n_shards=2) as bank:
+        emb = BankEmbedding(bank, "huge", pipeline=True)
+        before = bank.lookup("huge", [1, 2], insert=True).values["embedding"]
+        (emb(torch.tensor([1, 2])) * 100.0).sum().backward()  # held, not sent
+        with pytest.raises(InvalidBatchError, match="non-finite"):
+            emb(torch.tensor([3]))  # the push travels with this read and fails on the shard
+        np.testing.assert_array_equal(bank.lookup("huge", [1, 2]).values["embedding"], before)
+        emb(torch.tensor([3]))  # raised once
+        emb.close()
 
 
 @pytest.mark.gpu

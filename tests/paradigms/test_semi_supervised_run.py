@@ -82,7 +82,8 @@ def test_inline_runs_repeat_exactly_and_label_only_after_the_warm_up(data_dir: p
 
 def test_open_bank_between_snapshots_equals_the_bank_at_that_step(data_dir: pathlib.Path,
                                                                   tmp_path: pathlib.Path) -> None:
-    """The delta log carries the trainer's step: a point-in-time read between snapshots is exact."""
+    """The delta log carries the trainer's step: a point-in-time read between snapshots is exact (with the log
+    kept back to the oldest kept snapshot: ``carls.storage.log-history: kept``)."""
     from carls_dask.storage import list_snapshots, open_bank
 
     seen: dict[str, Any] = {}
@@ -95,7 +96,7 @@ def test_open_bank_between_snapshots_equals_the_bank_at_that_step(data_dir: path
 
     s = PARADIGM.settings("bank+pseudo", steps=100, hidden=(16,), data_dir=str(data_dir))
     run = tmp_path / "run"
-    with dask.config.set({"carls.run.snapshot-every": 50}):
+    with dask.config.set({"carls.run.snapshot-every": 50, "carls.storage.log-history": "kept"}):
         run_inline(PARADIGM, s, run_dir=run, on_step=at_step)
     assert [snap["step"] for snap in list_snapshots(run / "bank")] == [50, 100]
     nodes = open_bank(run / "bank", step=75, table="nodes")

@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -266,3 +267,44 @@ def test_trainer_evaluates_every_n_steps_and_reports_by_step() -> None:
     assert "weight" not in reports[0] and reports[-1]["weight"] == result.metrics["weight"]
     assert reports[1]["weight"] != reports[3]["weight"]  # the figures of each evaluation, as it happened
     assert [v.step for v in result.published] == [25]  # the final model is published at the end
+
+
+class LayerTrainer(Trainer):
+    """Trains a bank table through a BankEmbedding and a linear head: its pushes travel through the bank's queue."""
+
+    def setup(self, ctx: LoopContext) -> None:
+        from carls_dask.nn import BankEmbedding
+
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(BankEmbedding(ctx.bank, "items"), torch.nn.Linear(4, 1))
+        self.optimizer = torch.optim.SGD(self.model[1].parameters(), lr=0.1)
+
+    def step(self, step: int) -> Mapping[str, float]:
+        keys = torch.arange(8) + (step % 2) * 4
+        self.model[0].prefetch(torch.arange(8) + ((step + 1) % 2) * 4)
+        loss = (self.model(keys) ** 2).mean()
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return {"loss": float(loss.detach())}
+
+
+def test_rows_a_trainer_s_layer_trains_carry_its_name_and_step_and_its_steps_report_their_bank_cost() -> None:
+    from carls_dask.bank import Column, KnowledgeBank, TableSpec
+    from carls_dask.storage.runfolder import BANK_MESSAGES_PER_STEP, TRAINER_CPU_MS_PER_STEP
+
+    spec = TableSpec("items", columns=(Column("embedding", shape=(4,)),), optimizer="sgd", learning_rate=0.1)
+    reports: list[Any] = []
+    with KnowledgeBank.local([spec], n_shards=2) as bank:
+        result = run_trainer(LayerTrainer("ranker", max_steps=6, publish_every=100),
+                             _ctx("trainer", LocalModelChannel("ranker"), ThreadStop(), reports, bank=bank, metrics_every=3,
+                                  report_interval=0.0))
+        assert result.steps == 6
+        # the last step's push landed by the end (flushed), with the trainer's name and step
+        got = bank.lookup("items", np.arange(12))
+        assert got.model_step[4:12].tolist() == [5] * 8 and got.model_step[:4].tolist() == [4] * 4
+        makers = {s["meta"]["makers"][c] for s in bank.export_state() for c in s["tables"]["items"]["prov/maker"]}
+        assert makers == {"ranker"}
+    rows = [r for r in reports if BANK_MESSAGES_PER_STEP in r]
+    # one message to each of the two shards per step (the previous step's push rides with the next prefetch)
+    assert rows and all(r[BANK_MESSAGES_PER_STEP] == 2.0 for r in rows[1:]) and rows[0][TRAINER_CPU_MS_PER_STEP] > 0
