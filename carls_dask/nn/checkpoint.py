@@ -26,21 +26,20 @@ that holds them (``docs/embeddings.md`` compares the two).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
 from carls_dask.errors import ConfigError
-from carls_dask.nn.records import RECORD_FORMAT, RESTORED_FROM, check_record, layer_record, recording
+from carls_dask.nn.record import RECORD_FORMAT, RESTORED, TAKING, check_record
 
 __all__ = [
-    "RECORD_FORMAT",
     "bank_layers",
     "checkpoint_state",
-    "layer_record",
     "load_checkpoint",
     "load_state",
     "restore_bank",
@@ -66,6 +65,15 @@ def _one_bank(model: torch.nn.Module, what: str) -> Any:
         raise ConfigError(f"{what}: the model's bank layers use {len(banks)} banks {names}; expected one bank (a "
                           "bank holds many tables: put them in one)")
     return next(iter(banks.values()))
+
+
+@contextlib.contextmanager
+def _recording(bank: Any, snapshot: dict[str, Any]) -> Iterator[None]:
+    token = TAKING.set({id(bank): snapshot})
+    try:
+        yield
+    finally:
+        TAKING.reset(token)
 
 
 def checkpoint_state(model: torch.nn.Module, root: str | os.PathLike[str], step: int) -> dict[str, Any]:
@@ -102,7 +110,7 @@ def checkpoint_state(model: torch.nn.Module, root: str | os.PathLike[str], step:
     path = pathlib.Path(root)
     version = int(bank.snapshot(str(path), int(step)))
     snapshot = {"root": str(path.resolve()), "version": version, "step": int(step)}
-    with recording(bank, snapshot):
+    with _recording(bank, snapshot):
         return dict(model.state_dict())
 
 
@@ -135,7 +143,7 @@ def load_state(model: torch.nn.Module, state: Mapping[str, Any], strict: bool = 
     Raises
     ------
     LifecycleError, ConfigError
-        As :func:`check_record`, for the first bank layer whose bank does not hold the recorded rows.
+        As :func:`~carls_dask.nn.record.check_record`, for the first bank layer whose bank does not hold the recorded rows.
     """
     model_state = state["model"] if "model" in state and isinstance(state["model"], Mapping) else state
     for name, layer in bank_layers(model):
@@ -197,5 +205,5 @@ def restore_bank(state: Mapping[str, Any], client: Any = None, *, n_shards: int 
     else:
         bank = KnowledgeBank.restore(client, root, n_shards=n_shards, version=version, replay_log=False,
                                      log_root=where, **kwargs)
-    setattr(bank, RESTORED_FROM, (str(pathlib.Path(root).resolve()), version))
+    setattr(bank, RESTORED, (str(pathlib.Path(root).resolve()), version))
     return bank

@@ -29,7 +29,7 @@ from torch import nn
 
 from carls_dask.bank.gradsum import sum_by_row
 from carls_dask.errors import ConfigError, InvalidBatchError, InvalidShapeError
-from carls_dask.nn import records
+from carls_dask.nn import record
 from carls_dask.nn.keys import LayerKeys, as_keys, padding_key_of
 from carls_dask.nn.pipeline import PipelineStats, RowPipeline
 from carls_dask.nn.table import BankColumn
@@ -140,7 +140,7 @@ class BankLayer(nn.Module):
         self.rows = RowPipeline(self.source, staleness=staleness, asynchronous=pipeline, timeout=timeout)
         # moves with model.to(device) / .double(): the device and dtype rows are handed out in
         self.register_buffer("_anchor", torch.empty(0, dtype=_torch_dtype(self.source.dtype)), persistent=False)
-        self.register_load_state_dict_pre_hook(records.load_hook)
+        self.register_load_state_dict_pre_hook(record.load_hook)
 
     # -- properties ---------------------------------------------------------------------------------
     @property
@@ -322,11 +322,11 @@ class BankLayer(nn.Module):
     def get_extra_state(self) -> dict[str, Any]:
         """The layer's record in ``state_dict()``: its bank, table, column and the bank snapshot of the
         checkpoint's step (see :mod:`carls_dask.nn.checkpoint`)."""
-        return records.layer_record(self)
+        return record.layer_record(self)
 
     def set_extra_state(self, state: Any) -> None:
-        """Check a loaded record against the layer's bank (see :func:`carls_dask.nn.records.check_record`)."""
-        records.check_record(self, state)
+        """Check a loaded record against the layer's bank (see :func:`carls_dask.nn.record.check_record`)."""
+        record.check_record(self, state)
 
     def extra_repr(self) -> str:
         parts = [f"table={self.table!r}", f"column={self.column!r}", f"embedding_dim={self.embedding_dim}",

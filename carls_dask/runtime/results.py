@@ -1,6 +1,9 @@
-"""What a run measured: :class:`RunResult` (the content of ``RUN/result.json``), and the pieces both the
-runner (:mod:`carls_dask.runtime.runner`) and a plain :class:`~carls_dask.runtime.workbench.Workbench` with
-a run folder use to write it."""
+"""What a run measured and ``RUN/result.json``: :class:`RunResult`, shared by the runner and the Workbench.
+
+:mod:`carls_dask.runtime.runner` builds the result of a paradigm's run (its schema is described there);
+:func:`workbench_result` builds that of a run made on a plain
+:class:`~carls_dask.runtime.workbench.Workbench` that keeps its run folder itself.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +22,10 @@ from carls_dask.runtime.paradigm import Paradigm
 from carls_dask.runtime.settings import strict_json
 from carls_dask.storage.runfolder import RunFolder
 
-__all__ = ["RESULT_SCHEMA", "RunResult", "has_snapshot", "loop_records", "snapshots_of", "versions",
-           "workbench_result", "write_json"]
-
+__all__ = [
+    "RESULT_SCHEMA", "RunResult", "has_snapshot", "loop_records", "snapshots_of", "versions", "workbench_result",
+    "write_json",
+]
 
 RESULT_SCHEMA = "carls-dask/result/2"
 

@@ -1,39 +1,39 @@
-"""What a bank layer's ``state_dict()`` records: its bank, table and column, and the bank snapshot of the step.
+"""What a bank layer records in ``state_dict()``: its bank, table and column, and the bank snapshot of the step.
 
-The record is torch's *extra state* of every :class:`~carls_dask.nn.BankLayer` (see
-:mod:`carls_dask.nn.checkpoint`, which takes the snapshot and restores the bank); this module holds only
-what the layer itself calls, so the layers do not import the checkpoint helpers that import them.
+The layers (:class:`~carls_dask.nn.BankLayer`) write and check this record as torch's extra state;
+:mod:`carls_dask.nn.checkpoint` takes the snapshot it names and restores the bank from it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import pathlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from carls_dask.errors import ConfigError, LifecycleError
 
-__all__ = ["RECORD_FORMAT", "RESTORED_FROM", "check_record", "layer_record", "load_hook", "recording"]
+__all__ = ["RECORD_FORMAT", "RESTORED", "TAKING", "check_record", "layer_record", "load_hook"]
 
 #: Format of a bank layer's record in a state dict.
 RECORD_FORMAT = 1
 
-#: The snapshot :func:`checkpoint_state` took, by ``id`` of the bank, while it builds the state dict.
-_TAKING: contextvars.ContextVar[dict[int, dict[str, Any]] | None] = contextvars.ContextVar("carls_checkpoint",
+#: The snapshot :func:`~carls_dask.nn.checkpoint.checkpoint_state` took, by ``id`` of the bank, while it builds the
+#: state dict.
+TAKING: contextvars.ContextVar[dict[int, dict[str, Any]] | None] = contextvars.ContextVar("carls_checkpoint",
                                                                                           default=None)
-#: Attribute :func:`restore_bank` sets on a bank it restored: the store and snapshot version it came from.
-RESTORED_FROM = "_carls_restored_from"
+#: Attribute :func:`~carls_dask.nn.checkpoint.restore_bank` sets on a bank it restored: the store and snapshot
+#: version it came from.
+RESTORED = "_carls_restored_from"
 
 
 def layer_record(layer: Any) -> dict[str, Any]:
     """What a bank layer's ``state_dict()`` records: its bank, table and column, and the snapshot of this step.
 
-    The snapshot is the one :func:`checkpoint_state` is taking now, else ``None``.
+    The snapshot is the one :func:`~carls_dask.nn.checkpoint.checkpoint_state` is taking now, else ``None``.
     """
     bank = layer.bank
-    taking = _TAKING.get()
+    taking = TAKING.get()
     snapshot = taking.get(id(bank)) if taking is not None else None
     return {"format": RECORD_FORMAT, "bank": str(bank.name), "lineage": str(getattr(bank, "lineage", bank.name)),
             "table": layer.table, "column": layer.column, "snapshot": dict(snapshot) if snapshot else None}
@@ -58,7 +58,7 @@ def check_record(layer: Any, record: Any) -> None:
     snap = record.get("snapshot")
     if not snap:
         return
-    restored = getattr(layer.bank, RESTORED_FROM, None)
+    restored = getattr(layer.bank, RESTORED, None)
     wanted = (str(pathlib.Path(snap["root"]).resolve()), int(snap["version"]))
     if restored != wanted:
         raise LifecycleError(
@@ -72,14 +72,3 @@ def load_hook(layer: Any, state_dict: dict[str, Any], prefix: str, *_: Any) -> N
     """A load pre-hook of every bank layer: a state dict without the layer's record (saved before bank
     layers had one) loads as a plain one."""
     state_dict.setdefault(f"{prefix}_extra_state", None)
-
-
-@contextlib.contextmanager
-def recording(bank: Any, snapshot: dict[str, Any]) -> Iterator[None]:
-    token = _TAKING.set({id(bank): snapshot})
-    try:
-        yield
-    finally:
-        _TAKING.reset(token)
-
-
