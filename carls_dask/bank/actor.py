@@ -19,17 +19,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
-from dask.utils import parse_bytes
 
-from carls_dask import config
 from carls_dask.bank import stages
 from carls_dask.bank.ann import AnnSettings
 from carls_dask.bank.calls import Failed
-from carls_dask.bank.core import LookupRows, ShardCore
+from carls_dask.bank.core import LookupRows, ShardCore, Written
+from carls_dask.bank.operations import OPERATIONS, bind, operation
 from carls_dask.bank.sampling import NegativeSample
 from carls_dask.bank.schema import TableSpec
 from carls_dask.bank.shard_sampler import SamplingSettings, ShardDraw
-from carls_dask.errors import InvalidBatchError, RolledBackError, ShardLostError
+from carls_dask.errors import InvalidArgumentError, RolledBackError, ShardLostError
 from carls_dask.storage.bankstore import MAKERS_TABLE, BankReplay, encode_makers, restore_point
 from carls_dask.storage.fsutil import check_reserve
 
@@ -70,11 +69,11 @@ def _locked(method: _F) -> _F:
 
 
 #: Methods a retired shard still answers (everything else raises ShardLostError, which re-routes the call).
-_AFTER_RETIRE = frozenset({"close", "retire", "export_state", "ping"})
+_AFTER_RETIRE = frozenset(op.name for op in OPERATIONS.values() if op.after_retire)
 
 #: Methods that may run inside :meth:`BankShard.batch` (the batched operations of a training step and
 #: the other per-key reads and writes).
-BATCHABLE = frozenset({"lookup", "update", "apply_gradients", "delete", "contains"})
+BATCHABLE = frozenset(op.name for op in OPERATIONS.values() if op.batchable)
 
 
 class _Logged:
@@ -110,6 +109,7 @@ _OPS_REMEMBERED = 4096
 _FRAME_OVERHEAD = 4096
 
 
+@bind
 class BankShard:
     """One knowledge-bank shard, run as a Dask actor (``client.submit(BankShard, ..., actor=True)``).
 
@@ -125,10 +125,13 @@ class BankShard:
         returns, and a re-homed shard is rebuilt from it.
     log_sync
         ``fdatasync`` the log at all (durability); off only for throw-away banks.
-    log_settings
-        Resolved on the driver: ``group_interval`` (seconds) and ``group_bytes`` of the ``group`` tables' syncs
-        (``carls.bank.log.*``), ``reserve``: free bytes the store's disk keeps (``carls.storage.disk-reserve``;
-        a logged write that would take it below is refused before anything changes).
+    settings
+        Resolved on the driver (:func:`carls_dask.bank.client.shard_settings`; a shard reads no configuration):
+        ``group_interval`` (seconds) and ``group_bytes`` of the ``group`` tables' syncs (``carls.bank.log.*``),
+        ``reserve``: free bytes the store's disk keeps (``carls.storage.disk-reserve``; a logged write that
+        would take it below is refused before anything changes), ``answer_buffers``, ``sampling`` and ``ann``
+        (``carls.bank.answer-buffers``, ``carls.bank.sampling.*``, ``carls.bank.ann.*``); a setting left out
+        takes the built-in default of the class it configures.
     """
 
     def __init__(
@@ -141,9 +144,10 @@ class BankShard:
         initial_capacity: int = 1024,
         log_root: str | None = None,
         log_sync: bool = True,
-        log_settings: Mapping[str, Any] | None = None,
+        settings: Mapping[str, Any] | None = None,
     ) -> None:
         specs = [TableSpec.from_json(t) for t in tables]
+        given = dict(settings or {})
         self.core = ShardCore(
             specs,
             shard=shard,
@@ -151,17 +155,9 @@ class BankShard:
             buckets=buckets,
             owned_buckets=owned_buckets,
             initial_capacity=initial_capacity,
-            answer_buffers=parse_bytes(config.get("bank.answer-buffers")),
-            sampling=SamplingSettings(
-                rebuild_fraction=float(config.get("bank.sampling.rebuild-fraction")),
-                rebuild_draws=float(config.get("bank.sampling.rebuild-draws")),
-            ),
-            ann=AnnSettings(
-                nlist=int(config.get("bank.ann.nlist")),
-                nprobe=int(config.get("bank.ann.nprobe")),
-                retrain_growth=float(config.get("bank.ann.retrain-growth")),
-                pending_fraction=float(config.get("bank.ann.pending-fraction")),
-            ),
+            answer_buffers=int(given.get("answer_buffers", 64 << 20)),
+            sampling=SamplingSettings(**given.get("sampling", {})),
+            ann=AnnSettings(**given.get("ann", {})),
         )
         self._lock = threading.RLock()
         self._local = threading.local()  # per calling thread: lock depth, and whether a sync is owed
@@ -176,7 +172,7 @@ class BankShard:
         # and the snapshot written whose commit is not yet known
         self._synced: tuple[str, int] | None = None
         self._pending: tuple[str, int] | None = None
-        settings = dict(log_settings or {})
+        settings = given
         #: Each table's durability policy (a spec without one is ``every-write``).
         self.policies: dict[str, str] = {t.name: t.durability or "every-write" for t in specs}
         self._sync = bool(log_sync)
@@ -247,15 +243,14 @@ class BankShard:
                          sync=False)
         self._logged_makers = len(makers)
 
-    def _log_upsert(self, table: str, keys: np.ndarray, op_id: int | None = None) -> None:
-        """Log the full rows the batch just wrote: the rows the core reports (no second look-up of the
+    def _log_upsert(self, table: str, keys: np.ndarray, written: Written | None, op_id: int | None = None) -> None:
+        """Log the full rows the batch just wrote: the rows the core's call returned (no second look-up of the
         batch's keys), or those of ``keys`` when rows moved since (an eviction)."""
         if not self._logged(table):
             return
         self._log_makers()
-        written = self.core.written
-        if written is not None and written[0] == table:
-            rows = self.core.row_arrays(table, written[1])
+        if written is not None and written.table == table:
+            rows = self.core.row_arrays(table, written.rows)
         else:
             rows = self.core.rows(table, np.unique(keys))
         if rows["keys"].size:
@@ -338,11 +333,11 @@ class BankShard:
         if insert:
             self._check_fence(table)
             self._check_room(table, len(keys))
-        res = self.core.lookup_rows(table, keys, columns=columns, insert=insert, counts=counts)
+        res, written = self.core.lookup_rows_wrote(table, keys, columns=columns, insert=insert, counts=counts)
         if insert:
             if self._logged(table):  # allocations and frequencies are state: log the rows
                 self._log_evictions(table)
-                self._log_upsert(table, np.asarray(keys, dtype=np.int64), op_id)
+                self._log_upsert(table, np.asarray(keys, dtype=np.int64), written, op_id)
                 stages.mark("shard", "delta log")
             self._remember(op_id, True)
         return res
@@ -356,9 +351,9 @@ class BankShard:
         it still run). A retired shard raises for the whole batch, which the client re-routes.
         """
         for method, _, _ in ops:
-            if method not in BATCHABLE:
-                raise InvalidBatchError(f"bank shard {self.core.shard}: {method!r} cannot run in a batch; expected "
-                                        f"one of {sorted(BATCHABLE)}")
+            if not operation(method).batchable:
+                raise InvalidArgumentError(f"bank shard {self.core.shard}: {method!r} cannot run in a batch; "
+                                           f"expected one of {sorted(BATCHABLE)}")
         out: list[Any] = []
         for method, args, kwargs in ops:
             try:
@@ -398,17 +393,19 @@ class BankShard:
         self, table: str, keys: np.ndarray, values: Mapping[str, np.ndarray], model_step: int = 0, maker: str = "",
         op_id: int | None = None,
     ) -> int:
-        """See :meth:`ShardCore.update`; returns the number of distinct keys written."""
+        """See :meth:`ShardCore.update`; returns the number of distinct keys written. The values come checked and
+        cast by the bank client (:func:`~carls_dask.bank.schema.check_update`), which refuses a bad batch before
+        any shard is called; the shard checks its keys (the buckets it owns) and does not check the values again."""
         if (seen := self._seen(op_id, keys, "update")) is not None:
             return int(seen)
         self._check_fence(table)
         self._check_room(table, len(keys))
-        written = self.core.update(table, keys, values, model_step=model_step, maker=maker)
+        uniq, written = self.core.update_wrote(table, keys, values, model_step=model_step, maker=maker, checked=True)
         self._log_evictions(table)
-        self._log_upsert(table, written, op_id)
+        self._log_upsert(table, uniq, written, op_id)
         stages.mark("shard", "delta log")
-        self._remember(op_id, int(written.size))
-        return int(written.size)
+        self._remember(op_id, int(uniq.size))
+        return int(uniq.size)
 
     @_locked
     def apply_gradients(
@@ -422,15 +419,18 @@ class BankShard:
         maker: str | None = None,
         op_id: int | None = None,
     ) -> np.ndarray:
-        """See :meth:`ShardCore.apply_gradients`; a retried batch (same ``op_id``) is not applied twice."""
+        """See :meth:`ShardCore.apply_gradients`; a retried batch (same ``op_id``) is not applied twice. The
+        gradients come checked and cast by the bank client (:func:`~carls_dask.bank.schema.check_gradients`); the
+        shard checks its keys and the step's result (a non-finite weight), not the gradients again."""
         if (seen := self._seen(op_id, keys, "apply_gradients")) is not None:
             return np.asarray(seen, dtype=bool)
         self._check_fence(table)
         self._check_room(table, len(keys))
-        found = self.core.apply_gradients(table, keys, grads, column=column, learning_rate=learning_rate,
-                                          model_step=model_step, maker=maker)
+        found, written = self.core.apply_gradients_wrote(table, keys, grads, column=column,
+                                                         learning_rate=learning_rate, model_step=model_step,
+                                                         maker=maker, checked=True)
         if self._logged(table) and found.any():
-            self._log_upsert(table, np.asarray(keys, dtype=np.int64)[found], op_id)
+            self._log_upsert(table, np.asarray(keys, dtype=np.int64)[found], written, op_id)
         stages.mark("shard", "delta log")
         self._remember(op_id, found)
         return found

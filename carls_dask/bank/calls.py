@@ -5,7 +5,7 @@ mutates (then it carries an operation id, so that a call retried after its shard
 applied once) and whether a remote shard may serve it on its worker's event loop.
 
 :func:`fuse` turns the calls of one send into one call per shard: where several calls go to the same
-shard, they travel as one ``batch`` call that the shard runs in order under one lock
+shard, they travel as one :data:`~carls_dask.bank.operations.BATCH` call that the shard runs in order under one lock
 (:meth:`BankShard.batch <carls_dask.bank.actor.BankShard.batch>`), each keeping its own operation id and
 answering on its own (:class:`Failed` for one that raised). So a step that reads three tables and pushes
 the gradients of three costs one message per shard, not six. :func:`unfuse` puts the answers back in
@@ -19,12 +19,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from carls_dask.bank.operations import BATCH as BATCH_OP
+from carls_dask.bank.operations import Operation
 from carls_dask.errors import InvalidArgumentError
 
-__all__ = ["BATCH", "Failed", "ShardCall", "fuse", "new_op_id", "payload_bytes", "stamp_op_ids", "unfuse"]
+__all__ = ["Failed", "ShardCall", "fuse", "new_op_id", "payload_bytes", "stamp_op_ids", "unfuse"]
 
-#: The shard method that runs several calls in one message.
-BATCH = "batch"
 
 
 def new_op_id() -> int:
@@ -34,19 +34,18 @@ def new_op_id() -> int:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ShardCall:
-    """One call to one shard: ``shards[shard].<method>(*args, **kwargs)``.
+    """One call to one shard: operation ``op`` of ``shards[shard]`` with ``args`` and ``kwargs``.
 
     Parameters
     ----------
     shard
         Shard id.
-    method
-        Name of the :class:`~carls_dask.bank.actor.BankShard` method.
+    op
+        The :class:`~carls_dask.bank.operations.Operation` (its ``mutating`` says whether the call carries its
+        operation's id: the shard method then takes ``op_id``, so that a call retried after a re-home is
+        applied once).
     args, kwargs
         Its arguments.
-    mutating
-        Whether the call changes the shard's state; such a call carries the operation id of its
-        operation (the method takes ``op_id``), so that a call retried after a re-home is applied once.
     on_loop
         Whether a remote shard serves the call on its worker's event loop when the shard is free
         (:meth:`BankShard.call_on_loop <carls_dask.bank.actor.BankShard.call_on_loop>`) rather than
@@ -56,17 +55,29 @@ class ShardCall:
     """
 
     shard: int
-    method: str
+    op: Operation
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    mutating: bool = False
     on_loop: bool = False
     op_id: int | None = None
 
     def __post_init__(self) -> None:
-        if self.op_id is not None and not self.mutating:
+        if not isinstance(self.op, Operation):
+            raise InvalidArgumentError(f"ShardCall to shard {self.shard}: op={self.op!r}; expected an Operation of "
+                                       "carls_dask.bank.operations")
+        if self.op_id is not None and not self.op.mutating:
             raise InvalidArgumentError(f"ShardCall {self.method!r} to shard {self.shard}: op_id={self.op_id} on a call "
-                                    "that is not mutating; expected op_id=None")
+                                       "that is not mutating; expected op_id=None")
+
+    @property
+    def method(self) -> str:
+        """The shard method that runs the call."""
+        return self.op.name
+
+    @property
+    def mutating(self) -> bool:
+        """Whether the call changes the shard's state (and carries an operation id)."""
+        return self.op.mutating
 
     @property
     def send_kwargs(self) -> dict[str, Any]:
@@ -126,7 +137,7 @@ def fuse(calls: Sequence[ShardCall]) -> tuple[list[ShardCall], list[tuple[int, i
         ops = tuple((calls[i].method, calls[i].args, calls[i].send_kwargs) for i in members)
         for j, i in enumerate(members):
             where[i] = (len(sent), j)
-        sent.append(ShardCall(shard, BATCH, (ops,), on_loop=all(calls[i].on_loop for i in members)))
+        sent.append(ShardCall(shard, BATCH_OP, (ops,), on_loop=all(calls[i].on_loop for i in members)))
     return sent, where
 
 

@@ -34,6 +34,30 @@ from carls_dask.bank.calls import Failed, ShardCall, fuse, payload_bytes, stamp_
 from carls_dask.bank.changes import ChangeBatch, ChangeCursor
 from carls_dask.bank.core import LookupResult, gather_rows
 from carls_dask.bank.hashing import bucket_of, to_int64_keys
+from carls_dask.bank.operations import (
+    APPLY_GRADIENTS,
+    CHANGES,
+    CLOSE,
+    CONTAINS,
+    DELETE,
+    EXPORT_STATE,
+    INSERTING_LOOKUP,
+    KEYS,
+    LOOKUP,
+    RESTORE,
+    ROLLBACK,
+    SAMPLE_DRAW,
+    SET_STEP,
+    SETTLE_SNAPSHOT,
+    SIZE,
+    SNAPSHOT,
+    SNAPSHOT_BYTES,
+    STATS,
+    SYNC,
+    TOP_K,
+    UPDATE,
+    Operation,
+)
 from carls_dask.bank.rehoming import install_walltime_plugin, publish_table, set_base
 from carls_dask.bank.sampling import SAMPLERS, NegativeSample
 from carls_dask.bank.schema import (
@@ -52,7 +76,7 @@ from carls_dask.bank.schema import (
 )
 from carls_dask.bank.shard_sampler import expected_counts, split_quota
 from carls_dask.bank.transport import DaskTransport, LocalTransport
-from carls_dask.errors import ConfigError, InvalidBatchError, LifecycleError
+from carls_dask.errors import ConfigError, InvalidArgumentError, InvalidBatchError, LifecycleError
 
 __all__ = ["BankBatch", "BankCounters", "CheckedPush", "KnowledgeBank"]
 
@@ -98,15 +122,23 @@ def _plan(what: str, tables: Sequence[TableSpec], n_shards: int | None,
     return specs, _owner_map(b, n), b
 
 
-def log_settings() -> dict[str, Any]:
-    """The delta log's settings, resolved here (the driver) and passed to the shards: the group commit's
-    ``group_interval`` and ``group_bytes`` (``carls.bank.log.*``) and the disk ``reserve``
-    (``carls.storage.disk-reserve``)."""
+def shard_settings() -> dict[str, Any]:
+    """Every setting a shard uses, resolved here (the driver) and passed to the shards, which read no
+    configuration of their own: the delta log's group commit (``group_interval``, ``group_bytes``:
+    ``carls.bank.log.*``) and disk ``reserve`` (``carls.storage.disk-reserve``), the answer buffers kept for
+    reuse (``answer_buffers``: ``carls.bank.answer-buffers``), the negative sampler's rebuild thresholds
+    (``sampling``: ``carls.bank.sampling.*``) and the ANN index's shape (``ann``: ``carls.bank.ann.*``)."""
     interval = config.get_seconds("bank.log.group-interval")
     if not interval > 0:
         raise ConfigError(f"carls.bank.log.group-interval: {interval!r}; expected a duration > 0 such as '10ms'")
     return {"group_interval": interval, "group_bytes": config.get_bytes("bank.log.group-bytes"),
-            "reserve": config.get_bytes("storage.disk-reserve")}
+            "reserve": config.get_bytes("storage.disk-reserve"),
+            "answer_buffers": config.get_bytes("bank.answer-buffers"),
+            "sampling": {"rebuild_fraction": float(config.get("bank.sampling.rebuild-fraction")),
+                         "rebuild_draws": float(config.get("bank.sampling.rebuild-draws"))},
+            "ann": {"nlist": int(config.get("bank.ann.nlist")), "nprobe": int(config.get("bank.ann.nprobe")),
+                    "retrain_growth": float(config.get("bank.ann.retrain-growth")),
+                    "pending_fraction": float(config.get("bank.ann.pending-fraction"))}}
 
 
 def _shard_args(specs: Sequence[TableSpec], owner: np.ndarray, buckets: int, initial_capacity: int,
@@ -457,7 +489,7 @@ class KnowledgeBank:
                      log_root: str | None, log_sync: bool, initial_capacity: int) -> KnowledgeBank:
         shards: list[BankShard] = []
         try:
-            for a in _shard_args(specs, owner, buckets, initial_capacity, log_root, log_sync, log_settings()):
+            for a in _shard_args(specs, owner, buckets, initial_capacity, log_root, log_sync, shard_settings()):
                 shards.append(BankShard(*a))
         except BaseException:
             for shard in shards:  # release the delta logs already opened
@@ -485,7 +517,7 @@ class KnowledgeBank:
         addrs = list(workers) if workers else sorted(client.scheduler_info(n_workers=-1)["workers"])
         if not addrs:
             raise LifecycleError(f"bank {name!r}: the cluster has no workers to place {n} shards on")
-        settings = log_settings()
+        settings = shard_settings()
         args = _shard_args(specs, owner, buckets, initial_capacity, log_root, log_sync, settings)
         placed = [addrs[s % len(addrs)] for s in range(n)]
         transport = DaskTransport.start(client, name, BankShard, args, placed, timeout,
@@ -493,7 +525,7 @@ class KnowledgeBank:
         logger.info("bank %s: %d shards on %s", name, n, sorted(set(placed)))
         publish_table(client, transport.table, [t.to_json() for t in specs], [a[4] for a in args],
                       buckets=buckets, initial_capacity=initial_capacity, log_root=log_root, log_sync=log_sync,
-                      log_settings=settings)
+                      shard_settings=settings)
         if log_root is not None:
             install_walltime_plugin(client)
         return cls(transport, specs, buckets=buckets, owner=owner, name=name, timeout=timeout, log_root=log_root)
@@ -660,22 +692,30 @@ class KnowledgeBank:
         check_provenance("(writer)", int(model_step or 0), maker)
         self.writer = (str(maker), int(model_step or 0))
 
-    def _every_shard(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
-        """``method(*args)`` on every shard (a read, or a step that carries no operation id)."""
-        return self._call([ShardCall(s, method, args) for s in range(self.n_shards)], timeout)
+    def _every_shard(self, op: Operation, *args: Any, timeout: float | None = None) -> list[Any]:
+        """Operation ``op`` with ``args`` on every shard (one answer per shard, in shard order)."""
+        if op.routing != "every" or op.mutating:
+            raise InvalidArgumentError(f"bank {self.name!r}: {op!r} is not sent to every shard without an operation "
+                                       "id; expected an operation routed to every shard")
+        return self._call([ShardCall(s, op, args) for s in range(self.n_shards)], timeout)
 
     @staticmethod
-    def _mask_plan(routes: Sequence[tuple[int, Any]], make: Callable[[int, Any], ShardCall], n: int) -> _Plan:
-        """One call per route; the boolean answers scattered back into ``bool[n]`` in key order."""
+    def _keyed_plan(routes: Sequence[tuple[int, Any]], make: Callable[[int, Any], ShardCall], n: int) -> _Plan:
+        """One call per route; the answers merged as the operation says: a ``"mask"`` scattered back into
+        ``bool[n]`` in key order, a ``"sum"`` added up."""
+        calls = [make(s, idx) for s, idx in routes]
+        how = calls[0].op.merge if calls else "mask"
 
-        def merge(parts: list[Any]) -> np.ndarray:
+        def merge(parts: list[Any]) -> Any:
+            if how == "sum":
+                return int(sum(parts))
             out = np.empty(n, dtype=bool)
             for (_, idx), p in zip(routes, parts, strict=True):
                 out[idx] = p
             stages.mark("client", "reassembly")
             return out
 
-        return _Plan([make(s, idx) for s, idx in routes], merge)
+        return _Plan(calls, merge)
 
     def _keys(self, table: str, keys: Any) -> np.ndarray:
         check_batch_size(table, "keys", len(keys) if hasattr(keys, "__len__") and not isinstance(keys, str | bytes) else 1)
@@ -713,11 +753,11 @@ class KnowledgeBank:
         split = [(s, k[idx], None if c is None else c[idx]) for s, idx in routes]
         stages.mark("client", "splitting")
         if insert:  # allocates and counts: a mutating batch
-            calls = [ShardCall(s, "lookup", (table, ks, names), {"insert": True} if cs is None else
-                               {"insert": True, "counts": cs}, mutating=True, on_loop=ks.size <= _LOOP_KEYS)
+            calls = [ShardCall(s, INSERTING_LOOKUP, (table, ks, names), {"insert": True} if cs is None else
+                               {"insert": True, "counts": cs}, on_loop=ks.size <= _LOOP_KEYS)
                      for s, ks, cs in split]
         else:  # a read, which a remote shard serves on its worker's event loop
-            calls = [ShardCall(s, "lookup", (table, ks, names), on_loop=True) for s, ks, _ in split]
+            calls = [ShardCall(s, LOOKUP, (table, ks, names), on_loop=True) for s, ks, _ in split]
 
         def merge(parts: list[Any]) -> LookupResult:
             if len(routes) == 1:
@@ -752,9 +792,9 @@ class KnowledgeBank:
         routes = self._route(k)
         split = [(s, k[idx], {c: _rows(v, idx) for c, v in checked.items()}) for s, idx in routes]
         stages.mark("client", "splitting")
-        return _Plan([ShardCall(s, "update", (table, ks, vs, int(model_step), maker), mutating=True,
-                                on_loop=ks.size <= _LOOP_KEYS) for s, ks, vs in split],
-                     lambda parts: int(sum(parts)))
+        parts = {s: (ks, vs) for s, ks, vs in split}
+        return self._keyed_plan(routes, lambda s, _: ShardCall(s, UPDATE, (table, *parts[s], int(model_step), maker),
+                                                               on_loop=parts[s][0].size <= _LOOP_KEYS), k.shape[0])
 
     def apply_gradients(
         self,
@@ -805,11 +845,11 @@ class KnowledgeBank:
         routes = self._route(p.keys)
         split = {s: (p.keys[idx], {c: _rows(v, idx) for c, v in p.grads.items()}) for s, idx in routes}
         stages.mark("client", "splitting")
-        return self._mask_plan(
+        return self._keyed_plan(
             routes,
-            lambda s, idx: ShardCall(s, "apply_gradients", (p.table, *split[s], p.column, p.learning_rate,
+            lambda s, idx: ShardCall(s, APPLY_GRADIENTS, (p.table, *split[s], p.column, p.learning_rate,
                                                             p.model_step, p.maker),
-                                     mutating=True, on_loop=split[s][0].size <= _LOOP_KEYS),
+                                     on_loop=split[s][0].size <= _LOOP_KEYS),
             p.keys.shape[0],
         )
 
@@ -820,7 +860,7 @@ class KnowledgeBank:
     def _plan_delete(self, table: str, keys: Any) -> _Plan:
         self.spec(table)
         k = self._keys(table, keys)
-        return self._mask_plan(self._route(k), lambda s, idx: ShardCall(s, "delete", (table, k[idx]), mutating=True,
+        return self._keyed_plan(self._route(k), lambda s, idx: ShardCall(s, DELETE, (table, k[idx]),
                                                                          on_loop=_keys_in(idx, k) <= _LOOP_KEYS),
                                k.shape[0])
 
@@ -831,19 +871,19 @@ class KnowledgeBank:
     def _plan_contains(self, table: str, keys: Any) -> _Plan:
         self.spec(table)
         k = self._keys(table, keys)
-        return self._mask_plan(self._route(k),
-                               lambda s, idx: ShardCall(s, "contains", (table, k[idx]), on_loop=True), k.shape[0])
+        return self._keyed_plan(self._route(k),
+                               lambda s, idx: ShardCall(s, CONTAINS, (table, k[idx]), on_loop=True), k.shape[0])
 
     def size(self, table: str | None = None) -> int:
         """Rows in ``table`` (or in all tables) over all shards."""
         if table is not None:
             self.spec(table)
-        return int(sum(self._every_shard("size", table)))
+        return int(sum(self._every_shard(SIZE, table)))
 
     def keys(self, table: str) -> np.ndarray:
         """All keys of ``table`` (shard by shard)."""
         self.spec(table)
-        parts = self._every_shard("keys", table)
+        parts = self._every_shard(KEYS, table)
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
     def changes(
@@ -890,7 +930,7 @@ class KnowledgeBank:
                                         f"expected {table}/{column}")
             if len(since.shards) == self.n_shards:  # else (a restore on another shard count) every shard answers all
                 positions = [(str(e), int(q)) for e, q in since.shards]
-        answers = self._call([ShardCall(s, "changes", (table, column, positions[s], limit))
+        answers = self._call([ShardCall(s, CHANGES, (table, column, positions[s], limit))
                               for s in range(self.n_shards)])
         keys = [np.asarray(a[0], dtype=np.int64) for a in answers]
         cursor = ChangeCursor(self.lineage, table, column, tuple((str(a[1][0]), int(a[1][1])) for a in answers))
@@ -926,7 +966,7 @@ class KnowledgeBank:
             raise InvalidBatchError(f"table {table!r}: sampler {sampler!r} is unknown; expected one of {SAMPLERS}")
         if n <= 0:
             raise InvalidBatchError(f"table {table!r}: sample size must be positive, got n={n}")
-        rows = [int(r) for r in self._every_shard("size", table)]
+        rows = [int(r) for r in self._every_shard(SIZE, table)]
         total = sum(rows)
         if total == 0:
             raise InvalidBatchError(f"table {table!r}: cannot sample from an empty table")
@@ -951,7 +991,7 @@ class KnowledgeBank:
         for s in range(self.n_shards):
             if quota[s] > 0:
                 idx = routes.get(s)
-                calls.append(ShardCall(s, "sample_draw", (table, int(quota[s]), sampler, unique,
+                calls.append(ShardCall(s, SAMPLE_DRAW, (table, int(quota[s]), sampler, unique,
                                                            None if idx is None or tk is None else tk[idx], int(seeds[s]),
                                                            exclude_true)))
                 who.append(s)
@@ -973,7 +1013,7 @@ class KnowledgeBank:
         if tk is not None and not unique:  # true keys of shards that drew nothing still have a probability
             rest = [s for s in routes if quota[s] == 0 and rows[s] > 0]
             if rest:
-                probs = self._call([ShardCall(s, "sample_draw", (table, 1, sampler, False, tk[routes[s]], 0))
+                probs = self._call([ShardCall(s, SAMPLE_DRAW, (table, 1, sampler, False, tk[routes[s]], 0))
                                     for s in rest])
                 for s, d in zip(rest, probs, strict=True):
                     true_expected[routes[s]] = n * room[s] / weight * d.true_prob
@@ -999,7 +1039,7 @@ class KnowledgeBank:
         q = check_top_k_query(self.spec(table), q[None, :] if q.ndim == 1 else q, k, column, metric)
         if method not in METHODS:
             raise InvalidBatchError(f"table {table!r}: top_k method {method!r} is unknown; expected one of {METHODS}")
-        parts = self._every_shard("top_k", table, q, int(k), column, metric, method)
+        parts = self._every_shard(TOP_K, table, q, int(k), column, metric, method)
         keys = np.concatenate([p[0] for p in parts], axis=1)
         scores = np.concatenate([p[1] for p in parts], axis=1)
         if keys.shape[1] < int(k):
@@ -1011,7 +1051,7 @@ class KnowledgeBank:
 
     def stats(self) -> dict[str, Any]:
         """Rows and memory per shard and table, plus totals."""
-        per = self._every_shard("stats")
+        per = self._every_shard(STATS)
         totals: dict[str, dict[str, int]] = {}
         for st in per:
             for t, info in st["tables"].items():
@@ -1023,12 +1063,12 @@ class KnowledgeBank:
 
     def set_step(self, step: int) -> None:
         """Tell every shard the current training step (recorded with delta-log records)."""
-        self._every_shard("set_step", int(step))
+        self._every_shard(SET_STEP, int(step))
 
     def sync(self) -> None:
         """Make every acknowledged write durable now: each shard ``fdatasync``-s what its ``group`` tables logged
         since their last group sync (one sync per shard serves every caller waiting on it)."""
-        self._every_shard("sync")
+        self._every_shard(SYNC)
 
     def rollback(self, root: str, version: int | None = None, tables: Sequence[str] | None = None) -> int:
         """Bring the tables kept by snapshots alone back to snapshot ``version`` of ``root`` on every shard.
@@ -1063,7 +1103,7 @@ class KnowledgeBank:
         man = read_manifest(root, version) if snaps or (version is not None and not empty) else None
         v = None if man is None else int(man["version"])
         if names:
-            self._every_shard("rollback", str(root), v, names, timeout=10 * self.timeout)
+            self._every_shard(ROLLBACK, str(root), v, names, timeout=10 * self.timeout)
         logger.info("bank %s: tables %s rolled back to snapshot v%s of %s", self.name, names, v, root)
         return 0 if man is None else int(man["step"])
 
@@ -1077,7 +1117,7 @@ class KnowledgeBank:
         ``col/*`` and ``slot/<column>/<slot>``. Rows come in each shard's storage order. Everything
         is copied to the client, so this is meant for tests, checks and small banks.
         """
-        return self._every_shard("export_state")
+        return self._every_shard(EXPORT_STATE)
 
     def snapshot(self, root: str, step: int, *, full: bool | None = None, timeout: float | None = None,
                  **snapshot_kwargs: Any) -> int:
@@ -1110,9 +1150,9 @@ class KnowledgeBank:
             parent = next_parent(root, every, float("inf") if full is False else fraction)
         self._check_snapshot_room(root, parent, full, fraction)
         handle = begin_snapshot(root, int(step), parent=parent, **kwargs)
-        self._every_shard("set_step", int(step))
+        self._every_shard(SET_STEP, int(step))
         try:
-            self._every_shard("snapshot", handle, bool(full), fraction,
+            self._every_shard(SNAPSHOT, handle, bool(full), fraction,
                               timeout=10 * self.timeout if timeout is None else timeout)
             entry = commit_snapshot(
                 handle,
@@ -1126,7 +1166,7 @@ class KnowledgeBank:
             )
         finally:
             try:  # each shard learns whether its part was committed (else its changes count again)
-                self._every_shard("settle_snapshot")
+                self._every_shard(SETTLE_SNAPSHOT)
             except Exception:  # a shard settles at its next snapshot anyway
                 logger.warning("bank %s: a shard could not settle snapshot v%d", self.name, handle.version,
                                exc_info=True)
@@ -1143,7 +1183,7 @@ class KnowledgeBank:
         reserve = config.get_bytes("storage.disk-reserve")
         if reserve <= 0:
             return
-        need = sum(int(b) for b in self._every_shard("snapshot_bytes", str(root), parent, bool(full), fraction))
+        need = sum(int(b) for b in self._every_shard(SNAPSHOT_BYTES, str(root), parent, bool(full), fraction))
         check_reserve(root, need, reserve, f"bank {self.name!r}: snapshot into {root}")
 
     @classmethod
@@ -1231,7 +1271,7 @@ class KnowledgeBank:
     def _load(self, root: str, man: Mapping[str, Any], replay_log: bool, timeout: float | None) -> None:
         """Have every (new, empty) shard read its rows from snapshot ``man`` of ``root``; closes the bank on failure."""
         try:
-            done = self._every_shard("restore", str(root), int(man["version"]), replay_log, timeout=timeout)
+            done = self._every_shard(RESTORE, str(root), int(man["version"]), replay_log, timeout=timeout)
         except BaseException:
             self.close()
             raise
@@ -1243,7 +1283,7 @@ class KnowledgeBank:
             return
         try:
             if self._transport.owns_shards:
-                self._every_shard("close")
+                self._every_shard(CLOSE)
             else:
                 self.flush()
         finally:

@@ -36,6 +36,7 @@ from carls_dask.bank.schema import (
     check_counts,
     check_gradients,
     check_keys,
+    check_learning_rate,
     check_max_staleness,
     check_sample_size,
     check_top_k_query,
@@ -60,7 +61,7 @@ from carls_dask.errors import (
     InvalidDTypeError,
 )
 
-__all__ = ["STATE_FORMAT", "LookupResult", "LookupRows", "ShardCore", "TableState", "gather_rows"]
+__all__ = ["STATE_FORMAT", "LookupResult", "LookupRows", "ShardCore", "TableState", "Written", "gather_rows"]
 
 STATE_FORMAT = 1
 
@@ -98,6 +99,14 @@ class LookupResult:
     frequency: np.ndarray
     stale: np.ndarray
     rejected: np.ndarray | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """The distinct rows (positions in the table) a write changed, as the write returns them for the delta log."""
+
+    table: str
+    rows: np.ndarray
 
 
 #: What a missing key reads in :attr:`LookupRows.meta`: version 0, model step -1, frequency 0, age NaN.
@@ -401,9 +410,6 @@ class ShardCore:
         }
         #: Epoch of this shard's feeds: new whenever a shard's state is built (a cursor of another epoch sees all rows).
         self.feed_epoch = new_epoch()
-        #: ``(table, rows)``: the distinct rows the last write (``update``, ``apply_gradients``, ``lookup`` with
-        #: insert) wrote, while no row has moved since (None otherwise); the actor logs these rows.
-        self.written: tuple[str, np.ndarray] | None = None
 
     # -- helpers ----------------------------------------------------------------------------------------
     def table(self, name: str) -> TableState:
@@ -517,7 +523,15 @@ class ShardCore:
 
         ``counts`` (with ``insert``): how much each key adds to its frequency, instead of one per occurrence.
         """
+        return self.lookup_rows_wrote(table, keys, columns, insert, counts)[0]
+
+    def lookup_rows_wrote(
+        self, table: str, keys: Any, columns: Sequence[str] | None = None, insert: bool = False,
+        counts: np.ndarray | None = None,
+    ) -> tuple[LookupRows, Written | None]:
+        """:meth:`lookup_rows`, and the rows an insert wrote (allocations and frequencies; None for a read)."""
         t = self.table(table)
+        written = None
         names = list(t.spec.column_names) if columns is None else [t.spec.column(c).name for c in columns]
         now = self.clock()
         rejected = None
@@ -552,7 +566,7 @@ class ShardCore:
             stages.mark("shard", "provenance")
             wrote = urows[urows >= 0] if rejected is not None else urows
             self._mark(t, wrote)
-            self.written = (t.spec.name, wrote)
+            written = Written(t.spec.name, wrote)
             if (order := self._rank_orders.get(table)) is not None:
                 order.note_changes(uniq.size)
             self.version += 1
@@ -588,7 +602,7 @@ class ShardCore:
                 out[~found] = 0
             values[name] = out
         stages.mark("shard", "gather")
-        return LookupRows(values=values, meta=meta, found=found, rejected=rejected)
+        return LookupRows(values=values, meta=meta, found=found, rejected=rejected), written
 
     # -- bounded tables (see carls_dask.bank.bounds) ----------------------------------------------------
     def _bounded_insert(self, t: TableState, bnd: TableBounds, uniq: np.ndarray, hashes: np.ndarray,
@@ -741,21 +755,38 @@ class ShardCore:
         model_step: int = 0,
         maker: str = "",
     ) -> np.ndarray:
+        """Write column values (upsert; the last occurrence of a key in the batch wins); returns the unique keys
+        written. See :meth:`update_wrote`."""
+        return self.update_wrote(table, keys, values, model_step=model_step, maker=maker)[0]
+
+    def update_wrote(
+        self,
+        table: str,
+        keys: Any,
+        values: Mapping[str, Any],
+        *,
+        model_step: int = 0,
+        maker: str = "",
+        checked: bool = False,
+    ) -> tuple[np.ndarray, Written | None]:
         """Write column values (upsert; the last occurrence of a key in the batch wins).
 
         Missing keys are allocated first (other columns get their initial values). Each written row's
         ``version`` goes up by one and its provenance is set to ``(model_step, maker, now)``.
 
+        ``checked`` says the values were checked and cast by :func:`~carls_dask.bank.schema.check_update`
+        already (the bank client does, before it sends a batch): they are not checked again.
+
         Returns
         -------
-        numpy.ndarray
-            The unique keys written.
+        tuple
+            The unique keys written, and the rows written (None when rows moved since: an eviction).
         """
         t = self.table(table)
         k, b, h = self._keys(t, keys)
         stages.mark("shard", "key check and hashing")
         n = k.shape[0]
-        checked = check_update(t.spec, n, values, model_step, maker)
+        given = dict(values) if checked else check_update(t.spec, n, values, model_step, maker)
         stages.mark("shard", "validation")
         code = self.maker_code(maker)
         now = self.clock()
@@ -771,16 +802,16 @@ class ShardCore:
         if missing.any():
             urows[missing] = self._allocate(t, uniq[missing], b[last[missing]], now, h[last[missing]])
         stages.mark("shard", "allocation")
-        for name, v in checked.items():
+        for name, v in given.items():
             t.cols[name].put(urows, v, last)
         if self._ann:
             self._ann_touch(t, uniq)
         stages.mark("shard", "write")
         self._touch(t, urows, now, int(model_step), code)
-        self.written = (t.spec.name, urows)
+        written: Written | None = Written(t.spec.name, urows)
         if bnd is not None and self._enforce_cap(t, bnd, urows):  # an update always writes, then the cap holds
-            self.written = None  # the eviction moved rows
-        return uniq
+            written = None  # the eviction moved rows
+        return uniq, written
 
     def _touch(self, t: TableState, rows: np.ndarray, now: float, model_step: int | None, code: int | None) -> None:
         """Provenance and change marks of distinct written ``rows``, in one pass (then the change feeds)."""
@@ -799,6 +830,22 @@ class ShardCore:
         model_step: int | None = None,
         maker: str | None = None,
     ) -> np.ndarray:
+        """Apply the table's optimizer to the rows of ``keys``; returns which keys were present (see
+        :meth:`apply_gradients_wrote`)."""
+        return self.apply_gradients_wrote(table, keys, grads, column=column, learning_rate=learning_rate,
+                                          model_step=model_step, maker=maker)[0]
+
+    def apply_gradients_wrote(
+        self,
+        table: str,
+        keys: Any,
+        grads: Mapping[str, Any] | np.ndarray,
+        column: str = "embedding",
+        learning_rate: float | None = None,
+        model_step: int | None = None,
+        maker: str | None = None,
+        checked: bool = False,
+    ) -> tuple[np.ndarray, Written | None]:
         """Apply the table's optimizer to the rows of ``keys`` (duplicate keys' gradients are summed).
 
         Keys that are not in the table are skipped, as in CARLS; the returned mask says which were applied.
@@ -808,30 +855,37 @@ class ShardCore:
         and the update runs in it. Each updated row's slots, Adam's per-row ``step`` among them, move one
         step, whatever other rows did: the row alone decides its next update.
 
+        ``checked`` says the gradients were checked and cast by :func:`~carls_dask.bank.schema.check_gradients`
+        already (the bank client does, before it sends a batch): they are not checked again.
+
         Returns
         -------
-        numpy.ndarray
-            ``bool[n]``: whether each key's row was present and updated.
+        tuple
+            ``bool[n]``: whether each key's row was present and updated; and the rows written (None when none).
         """
         t = self.table(table)
         spec = t.spec
         k, _, h = self._keys(t, keys)
         stages.mark("shard", "key check and hashing")
         n = k.shape[0]
-        checked, lr = check_gradients(spec, n, grads, column, learning_rate)
+        if checked:  # checked and cast by the bank client (check_gradients) before it sent the batch
+            given = dict(grads) if isinstance(grads, Mapping) else {column: grads}
+            lr = check_learning_rate(spec.name, spec.learning_rate if learning_rate is None else learning_rate)
+        else:
+            given, lr = check_gradients(spec, n, grads, column, learning_rate)
         stages.mark("shard", "validation")
         rows = t.index.find(k, t.keys, h)
         found = rows >= 0
         stages.mark("shard", "index probe")
         if not found.any():
-            return found
+            return found, None
         all_found = bool(found.all())
         frows = rows if all_found else rows[found]
         now = self.clock()
         results: list[tuple[str, np.ndarray, dict[str, np.ndarray]]] = []
         plans = []
         urows = frows
-        for name, g in checked.items():
+        for name, g in given.items():
             gf = g if all_found else g[found]
             # the step computed where the rows live, each row's duplicate gradients added in batch order as it
             # is read (see carls_dask.bank.rowstep); otherwise on gathered copies, the sums made first
@@ -876,8 +930,7 @@ class ShardCore:
         stages.mark("shard", "write")
         self._touch(t, urows, now, None if model_step is None else int(model_step),
                     None if maker is None else self.maker_code(maker))
-        self.written = (t.spec.name, urows)
-        return found
+        return found, Written(t.spec.name, urows)
 
     @staticmethod
     def _non_finite(t: TableState, name: str) -> InvalidBatchError:
@@ -893,7 +946,6 @@ class ShardCore:
         dead = np.unique(rows[present])
         if dead.size == 0:
             return present
-        self.written = None  # rows move
         n_new = t.n - dead.size
         self.dirty[t.spec.name].deleted(t.keys[dead])
         t.index.remove(t.keys[dead], t.keys)

@@ -90,7 +90,7 @@ def publish_table(
     initial_capacity: int,
     log_root: str | None,
     log_sync: bool,
-    log_settings: Mapping[str, Any] | None = None,
+    shard_settings: Mapping[str, Any] | None = None,
     base: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
     """Store a new bank's shard table (generation 0) in the scheduler; returns it."""
@@ -107,7 +107,7 @@ def publish_table(
         "initial_capacity": int(initial_capacity),
         "log_root": None if log_root is None else str(log_root),
         "log_sync": bool(log_sync),
-        "log_settings": dict(log_settings or {}),
+        "shard_settings": dict(shard_settings or {}),
         "base": None if base is None else [str(base[0]), int(base[1])],
         "rehomed": 0,
         "events": [],
@@ -243,7 +243,7 @@ def _rehome(shards: ShardTable, client: Any, table: dict[str, Any], s: int, dead
     target = min(workers, key=lambda w: (load[w], w))
     gen = int(table["generation"][s]) + 1
     args = (table["tables"], s, len(table["keys"]), table["buckets"], table["owned"][s],
-            table["initial_capacity"], root, table["log_sync"], dict(table.get("log_settings") or {}))
+            table["initial_capacity"], root, table["log_sync"], dict(table.get("shard_settings") or {}))
     fut = start_shard(client, BankShard, args, target, f"{name}-shard-{s}-g{gen}")
     try:
         handle = fut.result(timeout=max(0.1, deadline - time.monotonic()))

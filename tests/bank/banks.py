@@ -21,7 +21,7 @@ def items() -> TableSpec:
 
 def bank_state(bank: KnowledgeBank) -> dict[str, dict[str, np.ndarray]]:
     """Every shard's rows merged per table and sorted by key; maker codes turned into names."""
-    states = bank._every_shard("export_state")
+    states = bank.export_state()
     out: dict[str, dict[str, Any]] = {}
     for st in states:
         makers = np.array(st["meta"]["makers"], dtype=object)

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from carls_dask.bank import Column, KnowledgeBank, TableSpec
-from carls_dask.bank.transport import ShardCall
+from carls_dask.bank.calls import ShardCall
+from carls_dask.bank.operations import APPLY_GRADIENTS
 from carls_dask.errors import ShardLostError
 from tests.bank.rehome import keys_of_shard, kill_worker, lifetime_handover, table, wait_gone, workers
 from tests.processes import wait_for
@@ -147,7 +148,7 @@ def test_a_retried_batch_is_not_applied_twice(client: Any, tmp_path: pathlib.Pat
         bank.update("nodes", keys, {"embedding": np.zeros((8, 4), np.float32)})
         grads = {"embedding": np.ones((8, 4), np.float32)}
         op = 12345
-        call = [ShardCall(0, "apply_gradients", ("nodes", keys, grads, "embedding", None), mutating=True, op_id=op)]
+        call = [ShardCall(0, APPLY_GRADIENTS, ("nodes", keys, grads, "embedding", None), op_id=op)]
         assert bank._call(call)[0].all()
         assert bank._call(call)[0].all()  # same shard, same op id: answered, not applied again
         kill_worker(client, a)
