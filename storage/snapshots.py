@@ -83,7 +83,14 @@ from carls_dask.storage.chunkio import (
     scratch,
     write_chunks,
 )
-from carls_dask.storage.fsutil import atomic_write_json, fsync_dir, fsync_tree, read_json, short_lock
+from carls_dask.storage.fsutil import (
+    WriterLock,
+    atomic_write_json,
+    fsync_dir,
+    fsync_tree,
+    read_json,
+    short_lock,
+)
 from carls_dask.storage.manifest import (
     FORMAT,
     KIND,
@@ -383,20 +390,45 @@ def write_shard(
     if (vdir / "snapshot.json").exists():
         raise LifecycleError(f"{what}: the snapshot is already committed; begin a new one")
     marker = vdir / f"{shard_name(shard)}.writing"
+    left_behind = marker.exists()
     try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        raise StoreLockedError(f"{what}: another writer already writes this shard ({marker} exists)") from None
-    os.write(fd, f"pid {os.getpid()}".encode())
-    os.close(fd)
-    if (vdir / f"{shard_name(shard)}.json").exists() or (vdir / f"{shard_name(shard)}.zarr").exists():
+        lock = WriterLock(marker, what)  # held while writing; the kernel drops it when a killed writer dies
+    except StoreLockedError:
+        raise StoreLockedError(f"{what}: another writer already writes this shard ({marker} is locked); "
+                               "expected one writer") from None
+    zroot, described_json = vdir / f"{shard_name(shard)}.zarr", vdir / f"{shard_name(shard)}.json"
+    if left_behind:  # a writer of this shard died mid-write (a killed worker whose shard re-homed and retries)
+        logger.info("%s: a writer of this shard stopped mid-write; its parts are written again", what)
+        described_json.unlink(missing_ok=True)
+        shutil.rmtree(zroot, ignore_errors=True)
+    elif described_json.exists() or zroot.exists():
         marker.unlink()
+        lock.release()
         raise StoreLockedError(f"{what}: this shard is already written in this snapshot; expected one writer")
+    try:
+        info = _write_shard_parts(handle, vdir, shard, meta, tables, delta_seq, deleted, live_rows)
+    except BaseException:
+        lock.release()  # the marker stays: the next writer of this shard takes the parts over
+        raise
+    marker.unlink()
+    lock.release()
+    fsync_dir(vdir)
+    logger.info("%s: wrote %.1f MB in %.2f s (%s)", what, info["bytes"] / 1e6, time.perf_counter() - t0,
+                "full" if deleted is None else f"increment on v{handle.parent}")
+    return info
+
+
+def _write_shard_parts(handle: SnapshotHandle, vdir: pathlib.Path, shard: int, meta: Mapping[str, Any],
+                       tables: Mapping[str, Any], delta_seq: int, deleted: Mapping[str, Any] | None,
+                       live_rows: Mapping[str, int] | None) -> dict[str, Any]:
+    """Write one shard's arrays, fsync them, then its ``shard-NNNN.json`` (the caller holds its ``.writing`` lock);
+    returns the JSON's content."""
+    zroot = vdir / f"{shard_name(shard)}.zarr"
+    described_json = vdir / f"{shard_name(shard)}.json"
     buckets = int(meta["buckets"])
     compressors = _codecs(handle.compressor, handle.checksum)
     group = zarr.open_group(str(vdir / f"{shard_name(shard)}.zarr"), mode="w-", zarr_format=3)
     info_tables: dict[str, Any] = {}
-    zroot = vdir / f"{shard_name(shard)}.zarr"
     jobs: list[tuple[zarr.Array, pathlib.Path, Any, np.ndarray | None]] = []
 
     def add(tname: str, name: str, a: Any, order: np.ndarray | None, whole: bool = False) -> None:
@@ -443,12 +475,7 @@ def write_shard(
         "chunk_rows": handle.chunk_rows,
         "parent": None if deleted is None else int(handle.parent),  # type: ignore[arg-type]
     }
-    atomic_write_json(vdir / f"{shard_name(shard)}.json", info)
-    marker.unlink()
-    fsync_dir(vdir)
-    dt = time.perf_counter() - t0
-    logger.info("%s: wrote %.1f MB in %.2f s (%s)", what, nbytes / 1e6, dt,
-                "full" if deleted is None else f"increment on v{handle.parent}")
+    atomic_write_json(described_json, info)
     return info
 
 

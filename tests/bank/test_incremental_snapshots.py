@@ -20,6 +20,7 @@ from carls_dask.bank.actor import BankShard
 from carls_dask.errors import StoreLockedError
 from carls_dask.storage.bankstore import prune_snapshots
 from carls_dask.storage.bankview import read_bank
+from carls_dask.storage.fsutil import WriterLock
 from carls_dask.storage.manifest import list_snapshots, read_manifest
 from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot
 from tests.bank.optimizer_tables import TABLES, apply_all, assert_bit_identical, full_state, specs, start
@@ -204,8 +205,7 @@ def test_a_failed_or_uncommitted_snapshot_loses_no_change(tmp_path: pathlib.Path
     shard.delete(table, keys[10:12])
     # a write that fails: another writer holds the shard's marker
     h2 = begin_snapshot(root, 2, parent=1)
-    (h2.path / "shard-0000.writing").write_text("pid 0")
-    with pytest.raises(StoreLockedError):
+    with WriterLock(h2.path / "shard-0000.writing", "another writer of shard 0"), pytest.raises(StoreLockedError):
         shard.snapshot(h2)
     # a write that succeeds but is never committed (the committer died)
     h3 = begin_snapshot(root, 3, parent=1)

@@ -300,8 +300,10 @@ def _one(holders: dict[str, list[str]], prefix: str) -> str:
 @pytest.mark.timeout(900)
 def test_a_cora_run_survives_losing_a_shard_worker_and_the_trainer_worker(three_workers: Any, data_dir: pathlib.Path,
                                                                           tmp_path: pathlib.Path) -> None:
-    conf = {"carls.run.snapshot-every": 10, "carls.bank.rehome-timeout": "60s", "carls.runtime.poll-interval": "0.1s"}
-    s = PARADIGM.settings("bank+pseudo", steps=40, data_dir=str(data_dir))
+    # 80 steps, the kill at 40: at 40 steps, killed at 20, a restarted trainer ends at 0.757 or at 0.599 by when the
+    # makers' pseudo labels reach it (still early in its learning); at 80 the three runs end within 0.006.
+    conf = {"carls.run.snapshot-every": 20, "carls.bank.rehome-timeout": "60s", "carls.runtime.poll-interval": "0.1s"}
+    s = PARADIGM.settings("bank+pseudo", steps=80, data_dir=str(data_dir))
     results = {}
     with dask.config.set(conf):
         results["undisturbed"] = run_paradigm(PARADIGM, s, run_dir=tmp_path / "undisturbed", cluster=three_workers,
@@ -313,7 +315,7 @@ def test_a_cora_run_survives_losing_a_shard_worker_and_the_trainer_worker(three_
 
         for case, pick in (("shard", shard_not_trainer), ("trainer", lambda h: _one(h, "trainer-trainer"))):
             run = tmp_path / case
-            killer = _kill_during(three_workers, run, 20, pick)
+            killer = _kill_during(three_workers, run, 40, pick)
             results[case] = run_paradigm(PARADIGM, s, run_dir=run, cluster=three_workers, progress=False,
                                          timeout=600)
             killer["thread"].join(timeout=10)
@@ -327,10 +329,10 @@ def test_a_cora_run_survives_losing_a_shard_worker_and_the_trainer_worker(three_
     for case in ("shard", "trainer"):
         r = results[case]
         assert abs(r["test_acc"] - base) <= 0.02, (case, r["test_acc"], base)
-        assert r["steps"] == 40 and r.loops["trainer"]["reason"] == "max_steps"
+        assert r["steps"] == 80 and r.loops["trainer"]["reason"] == "max_steps"
         # no acknowledged write lost: every node's row from the makers' final pass, every pseudo label reported
         nodes = open_bank(tmp_path / case / "bank", table="nodes")
-        assert nodes.sizes["key"] == 2708 and int(nodes["model_step"].min()) == 40
+        assert nodes.sizes["key"] == 2708 and int(nodes["model_step"].min()) == 80
         assert open_bank(tmp_path / case / "bank", table="pseudo_labels").sizes["key"] == r["pl_count"]
     assert results["trainer"].loops["trainer"]["restarts"] == 1
-    assert results["trainer"].resumed_from == 20  # the restarted trainer continued from its step-20 state
+    assert results["trainer"].resumed_from == 40  # the restarted trainer continued from its step-40 state

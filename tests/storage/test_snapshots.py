@@ -24,6 +24,7 @@ from carls_dask.errors import (
 )
 from carls_dask.storage.bankstore import prune_snapshots
 from carls_dask.storage.bankview import open_bank
+from carls_dask.storage.fsutil import WriterLock
 from carls_dask.storage.manifest import list_snapshots, read_manifest
 from carls_dask.storage.snapshots import begin_snapshot, commit_snapshot, read_snapshot, write_shard
 from tests.processes import wait_for
@@ -222,6 +223,28 @@ def test_killed_mid_snapshot_leaves_previous_complete(tmp_path: pathlib.Path) ->
     prune_snapshots(root, keep=1)
     assert [p.name for p in (root / "snapshots").iterdir()] == [f"v{nxt['version']:06d}"]
     assert os.listdir(root / "snapshots" / f"v{nxt['version']:06d}").count("snapshot.json") == 1
+
+
+def test_a_shard_write_left_by_a_dead_writer_is_taken_over_and_a_live_one_is_refused(tmp_path: pathlib.Path) -> None:
+    """A killed shard writer leaves its ``.writing`` marker and part of its arrays; the shard's re-homed
+    actor, retrying the same snapshot, writes the shard again. A writer still alive holds the marker's lock."""
+    states = make_states(3000, n_shards=2, seed=3, dim=8)
+    h = begin_snapshot(tmp_path, 7, chunk_rows=500)
+    write_shard(h, states[0], delta_seq=0)
+    left = h.path / "shard-0001.writing"
+    left.write_text("pid 0")  # what a writer killed mid-write leaves: its marker, unlocked, and some of its parts
+    (h.path / "shard-0001.zarr" / "nodes").mkdir(parents=True)
+    (h.path / "shard-0001.zarr" / "nodes" / "junk").write_bytes(b"half a chunk")
+    with WriterLock(left, "a live writer of shard 1"):
+        with pytest.raises(StoreLockedError, match="shard 1: another writer already writes this shard"):
+            write_shard(h, states[1], delta_seq=0)
+    assert (h.path / "shard-0001.zarr" / "nodes" / "junk").exists()  # the refused write changed nothing
+    write_shard(h, states[1], delta_seq=0)
+    assert not left.exists() and not (h.path / "shard-0001.zarr" / "nodes" / "junk").exists()
+    with pytest.raises(StoreLockedError, match="already written in this snapshot"):
+        write_shard(h, states[1], delta_seq=0)
+    commit_snapshot(h, {"name": "bank", "n_shards": 2})
+    assert_same(sort_by_key(read_snapshot(tmp_path)["nodes"]), merged(states))
 
 
 def test_all_zero_arrays_are_stored_and_read(tmp_path: pathlib.Path) -> None:
