@@ -487,13 +487,17 @@ class Dashboard(pn.viewable.Viewer):
         inline), draw what the runs hold now into the output itself, then refresh live while a run goes on.
 
         The output carries every figure as read here, so it does not depend on anything that runs after
-        the cell (a next cell that closes the cluster and keeps the kernel busy, a kernel that stops). A
-        run that has finished is not read again; while one still writes, the live kernel refreshes the
-        views periodically.
+        the cell (a next cell that closes the cluster and keeps the kernel busy, a kernel that stops). For
+        runs that have finished every tab is in the output, the hidden ones included (a tab chosen later
+        needs no kernel to draw it), and nothing is read again; while one still writes, the tabs render as
+        they are chosen and the live kernel refreshes the views periodically.
         """
         load_notebook_extension()
         if not self.ticks:
             self.refresh()  # what the runs hold now, in the output itself
-        if in_live_kernel() and not all(r.finished() for r in self.readers):
+        finished = all(r.finished() for r in self.readers)
+        if finished:  # every tab in the output: a tab chosen later needs no kernel to draw it
+            self.tabs.dynamic = False
+        elif in_live_kernel():
             self.start()  # keeps the views current while the run writes
         return super()._repr_mimebundle_(include, exclude)

@@ -195,7 +195,7 @@ def test_run_all_in_jupyterlab_offline_draws_every_figure_and_dashboard_tab(
                 return False
 
             try:
-                wait_for(drawn, lambda tab=tab: f"{name}, tab {tab}: {_tab_figures(page, TABS[tab])}",
+                wait_for(drawn, lambda tab=tab: f"{name}, tab {tab}: {_tab_figures(page, TABS[tab])}; console errors {errors}",
                          DRAW_DEADLINE, interval=1.0, sleep=page_wait(page))
             finally:
                 page.screenshot(path=str(artifacts_dir / f"jupyterlab-{name}-{tab.lower().replace(' ', '-')}.png"))
