@@ -93,13 +93,13 @@ class SeparateBankLayers(nn.Module):
     """The tables in a bank, one :class:`~carls_dask.nn.BankEmbedding` / ``BankEmbeddingBag`` per table, as a
     user first writes a model (each layer's read is its own call unless the step prefetches)."""
 
-    def __init__(self, bank: Any, defs: Sequence[TableDef]) -> None:
+    def __init__(self, bank: Any, defs: Sequence[TableDef], pipeline: bool = True) -> None:
         super().__init__()
         from carls_dask.nn import BankEmbedding, BankEmbeddingBag
 
         self.defs = list(defs)
-        self.tables = nn.ModuleList([BankEmbeddingBag(bank, d.name, mode=d.pooling) if d.pooling else
-                                     BankEmbedding(bank, d.name) for d in self.defs])
+        self.tables = nn.ModuleList([BankEmbeddingBag(bank, d.name, mode=d.pooling, pipeline=pipeline) if d.pooling
+                                     else BankEmbedding(bank, d.name, pipeline=pipeline) for d in self.defs])
 
     def _inputs(self, d: TableDef, features: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         return [features[f] if features[f].dim() == 2 or not d.pooling else features[f][:, None] for f in d.features]
@@ -442,8 +442,14 @@ class Way:
 
     def flush(self) -> None:
         """Wait until the way's pushes have landed (nothing to wait for in this process)."""
-        if self.bank is not None:
+        if self.bank is None:
+            return
+        if hasattr(self.bank, "flush"):
             self.bank.flush()
+        else:  # carls-dask before the bank's queue: each layer flushes its own pushes
+            for m in self.model.modules():
+                if hasattr(m, "flush") and hasattr(m, "rows"):
+                    m.flush()
 
     @property
     def steps_per_s(self) -> float:
@@ -470,7 +476,10 @@ def run_in_turns(ways: Sequence[Way], batches: Sequence[Any], rounds: int, warmu
     Each block ends with the way's pushes landed, so what it sent and the CPU it took (this process's and,
     for a bank, the shards') belong to that block; a way's step profile sums its blocks.
     """
-    from carls_dask.bank.stepprofile import StepProfile
+    try:
+        from carls_dask.bank.stepprofile import StepProfile
+    except ImportError:  # carls-dask before the step profile (the "before" table): CPU of this process only
+        StepProfile = None  # type: ignore[assignment,misc]
 
     n = len(batches)
     edges = np.linspace(0, n, rounds + 1).astype(int)
@@ -478,7 +487,7 @@ def run_in_turns(ways: Sequence[Way], batches: Sequence[Any], rounds: int, warmu
     for r in range(rounds):
         for w_i, way in enumerate(ways):
             start, stop = done[w_i], int(edges[r + 1])
-            prof: Any = StepProfile(way.bank, shards=True) if way.bank is not None else _CpuOnly()
+            prof: Any = StepProfile(way.bank, shards=True) if way.bank is not None and StepProfile else _CpuOnly()
             for i in range(start, stop):
                 t0 = time.perf_counter()
                 way.step(batches, i)
@@ -512,7 +521,7 @@ def report(title: str, runs: Sequence[Sequence[Way]]) -> dict[str, dict[str, flo
         same = [run[i] for run in runs]
         rate = statistics.median(x.steps_per_s for x in same)
         ratio = statistics.median(x.steps_per_s / run[0].steps_per_s for x, run in zip(same, runs, strict=True))
-        bank = w.bank
+        bank = w.bank if hasattr(w.bank, "counters") else None  # (no counters before the bank's queue)
 
         def mean(what: str, ways: Sequence[Way] = same) -> float | None:
             got = [x.cost(what) for x in ways]
@@ -572,7 +581,7 @@ def holdings(client: Any, defs: Sequence[TableDef], layouts: Sequence[str]) -> l
         for prefetch in (False, True):
             bank = KnowledgeBank.create(client, table_specs([(d.name, d.dim) for d in defs]), n_shards=2, timeout=300)
             make = (lambda d, b=bank: bank_collection(b, d)) if layout == "collection" else \
-                (lambda d, b=bank: SeparateBankLayers(b, d))
+                (lambda d, b=bank, p=prefetch: SeparateBankLayers(b, d, pipeline=p))
             label = "bank" + ("" if layout == "collection" else ", separate layers") + (", pipelined" if prefetch else "")
             out.append(Holding(label, make, bank, prefetch))
     return out

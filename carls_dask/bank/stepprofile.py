@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from carls_dask.storage.runfolder import (
     BANK_KB_PER_STEP,
@@ -21,6 +21,9 @@ from carls_dask.storage.runfolder import (
     BANK_WAIT_MS_PER_STEP,
     TRAINER_CPU_MS_PER_STEP,
 )
+
+if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
 
 __all__ = ["StepCost", "StepProfile"]
 
@@ -80,7 +83,7 @@ class StepProfile:
         Also read the shards' CPU time at :meth:`start` and :meth:`stop` (one call to every shard each).
     """
 
-    def __init__(self, bank: Any, *, shards: bool = False) -> None:
+    def __init__(self, bank: KnowledgeBank, *, shards: bool = False) -> None:
         self.bank = bank
         self.shards = bool(shards)
         self.start()

@@ -14,7 +14,7 @@ The quickstart notebook, the documentation, the benchmarks of the runtime, the S
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from carls_dask.runtime.channel import ModelVersion
 from carls_dask.runtime.context import LoopContext
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.trainer import Trainer
+
+if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
 
 __all__ = ["EMBED_DIM", "N_CLASSES", "DigitsMaker", "DigitsTrainer", "digits_table", "load_digits_arrays"]
 
@@ -57,7 +60,7 @@ def _model() -> Any:
         torch.nn.Linear(64, EMBED_DIM), torch.nn.Tanh(), torch.nn.Linear(EMBED_DIM, N_CLASSES))
 
 
-def _has_table(bank: Any) -> bool:
+def _has_table(bank: KnowledgeBank | None) -> bool:
     if bank is None:
         return False
     try:
@@ -125,7 +128,7 @@ class DigitsTrainer(Trainer):
         out: dict[str, float] = {}
         if self.use_bank:
             assert self.ctx is not None
-            got = self.ctx.bank.lookup(TABLE, idx.astype(np.int64), columns=["logits"])
+            got = self.ctx.the_bank.lookup(TABLE, idx.astype(np.int64), columns=["logits"])
             self.bank_reads += 1
             found = np.asarray(got.found, dtype=bool)
             if found.any():
@@ -205,7 +208,7 @@ class DigitsMaker(KnowledgeMaker):
         accuracy = float((label_np[test] == self.y[test]).mean())
         if self.use_bank:
             assert self.ctx is not None
-            self.ctx.bank.update(TABLE, self.keys, {
+            self.ctx.the_bank.update(TABLE, self.keys, {
                 "embedding": hidden.cpu().numpy().astype(np.float32),
                 "logits": logits.cpu().numpy().astype(np.float32),
                 "pseudo_label": label_np,

@@ -22,7 +22,7 @@ clusters and counters back in one batched ``update``. One process should write a
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from carls_dask.memory.gaussian import (
     MemoryState,
     memory_lookup,
 )
+
+if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
 
 __all__ = ["META_KEY", "BankGaussianMemory", "memory_table"]
 
@@ -86,7 +89,7 @@ class BankGaussianMemory:
         holds no memory.
     """
 
-    def __init__(self, bank: Any, table: str, config: MemoryConfig | None = None) -> None:
+    def __init__(self, bank: KnowledgeBank, table: str, config: MemoryConfig | None = None) -> None:
         self.bank = bank
         self.table = table
         shapes = {c.name: (c.dtype, c.shape) for c in bank.spec(table).columns}
@@ -116,7 +119,7 @@ class BankGaussianMemory:
             self._write(MemoryState.empty(config), range(0), model_step=0)
 
     @classmethod
-    def open(cls, bank: Any, table: str) -> BankGaussianMemory:
+    def open(cls, bank: KnowledgeBank, table: str) -> BankGaussianMemory:
         """The memory already held in ``table`` (e.g. after ``KnowledgeBank.restore``), with its settings."""
         return cls(bank, table, None)
 

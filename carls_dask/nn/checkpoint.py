@@ -30,12 +30,15 @@ import contextlib
 import os
 import pathlib
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from carls_dask.errors import ConfigError
 from carls_dask.nn.record import RECORD_FORMAT, RESTORED, TAKING, check_record
+
+if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
 
 __all__ = [
     "bank_layers",
@@ -68,7 +71,7 @@ def _one_bank(model: torch.nn.Module, what: str) -> Any:
 
 
 @contextlib.contextmanager
-def _recording(bank: Any, snapshot: dict[str, Any]) -> Iterator[None]:
+def _recording(bank: KnowledgeBank, snapshot: dict[str, Any]) -> Iterator[None]:
     token = TAKING.set({id(bank): snapshot})
     try:
         yield

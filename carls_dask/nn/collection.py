@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,6 +29,9 @@ from carls_dask.nn.embedding import BankEmbedding, BankEmbeddingBag, BankLayer
 from carls_dask.nn.jagged import JaggedTensor, KeyedTensor, as_jagged_features
 from carls_dask.nn.keys import as_keys
 from carls_dask.nn.pipeline import PipelineStats
+
+if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
 
 __all__ = ["BankEmbeddingBagCollection", "BankEmbeddingCollection", "BankTableConfig"]
 
@@ -84,7 +87,7 @@ class _Collection(nn.Module):
 
     layers: nn.ModuleList
 
-    def __init__(self, bank: Any, tables: Sequence[BankTableConfig], *, pipeline: bool, staleness: int,
+    def __init__(self, bank: KnowledgeBank, tables: Sequence[BankTableConfig], *, pipeline: bool, staleness: int,
                  timeout: float | None) -> None:
         super().__init__()
         self.configs = list(tables)
@@ -94,7 +97,7 @@ class _Collection(nn.Module):
                                      for c in self.configs])
         self._at = {c.table: i for i, c in enumerate(self.configs)}
 
-    def _layer(self, bank: Any, c: BankTableConfig, **kw: Any) -> BankLayer:
+    def _layer(self, bank: KnowledgeBank, c: BankTableConfig, **kw: Any) -> BankLayer:
         raise HookNotImplementedError(f"{type(self).__name__} must implement _layer()")
 
     def layer(self, table: str) -> BankLayer:
@@ -185,11 +188,11 @@ class BankEmbeddingBagCollection(_Collection):
     torch.Size([1024, 32])
     """
 
-    def __init__(self, bank: Any, tables: Sequence[BankTableConfig], *, pipeline: bool = True, staleness: int = 1,
+    def __init__(self, bank: KnowledgeBank, tables: Sequence[BankTableConfig], *, pipeline: bool = True, staleness: int = 1,
                  timeout: float | None = None) -> None:
         super().__init__(bank, tables, pipeline=pipeline, staleness=staleness, timeout=timeout)
 
-    def _layer(self, bank: Any, c: BankTableConfig, **kw: Any) -> BankLayer:
+    def _layer(self, bank: KnowledgeBank, c: BankTableConfig, **kw: Any) -> BankLayer:
         return BankEmbeddingBag(bank, c.table, c.column, mode=c.pooling, padding_key=c.padding_key,
                                 learning_rate=c.learning_rate, trainable=c.trainable, **kw)
 
@@ -219,11 +222,11 @@ class BankEmbeddingCollection(_Collection):
     :class:`KeyedJaggedTensor`) as a :class:`JaggedTensor` of rows. ``pooling`` of the configs is ignored.
     """
 
-    def __init__(self, bank: Any, tables: Sequence[BankTableConfig], *, pipeline: bool = True, staleness: int = 1,
+    def __init__(self, bank: KnowledgeBank, tables: Sequence[BankTableConfig], *, pipeline: bool = True, staleness: int = 1,
                  timeout: float | None = None) -> None:
         super().__init__(bank, tables, pipeline=pipeline, staleness=staleness, timeout=timeout)
 
-    def _layer(self, bank: Any, c: BankTableConfig, **kw: Any) -> BankLayer:
+    def _layer(self, bank: KnowledgeBank, c: BankTableConfig, **kw: Any) -> BankLayer:
         return BankEmbedding(bank, c.table, c.column, padding_key=c.padding_key, learning_rate=c.learning_rate,
                              trainable=c.trainable, **kw)
 

@@ -21,7 +21,7 @@ with the training step, within a bound on staleness (see :mod:`carls_dask.nn.pip
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,6 +33,9 @@ from carls_dask.nn import record
 from carls_dask.nn.keys import LayerKeys, as_keys, padding_key_of
 from carls_dask.nn.pipeline import PipelineStats, RowPipeline
 from carls_dask.nn.table import BankColumn
+
+if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
 
 __all__ = ["BankEmbedding", "BankEmbeddingBag", "BankLayer"]
 
@@ -124,7 +127,7 @@ class BankLayer(nn.Module):
 
     _anchor: torch.Tensor
 
-    def __init__(self, bank: Any, table: str, column: str = "embedding", *, padding_key: int | str | None = None,
+    def __init__(self, bank: KnowledgeBank, table: str, column: str = "embedding", *, padding_key: int | str | None = None,
                  learning_rate: float | None = None, trainable: bool = True, pipeline: bool = True,
                  staleness: int = 1, timeout: float | None = None) -> None:
         super().__init__()
@@ -380,7 +383,7 @@ class BankEmbeddingBag(BankLayer):
         a bag of padding only is zeros), as torch's ``padding_idx``.
     """
 
-    def __init__(self, bank: Any, table: str, column: str = "embedding", mode: str = "mean", *,
+    def __init__(self, bank: KnowledgeBank, table: str, column: str = "embedding", mode: str = "mean", *,
                  include_last_offset: bool = False, **kwargs: Any) -> None:
         super().__init__(bank, table, column, **kwargs)
         if mode not in BAG_MODES:

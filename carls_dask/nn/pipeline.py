@@ -44,7 +44,7 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,6 +52,9 @@ from carls_dask.bank.batchpass import dedupe
 from carls_dask.bank.client import CheckedPush
 from carls_dask.errors import ConfigError, DeadlineExceeded
 from carls_dask.nn.table import BankColumn
+
+if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
 
 __all__ = ["BankQueue", "PipelineStats", "RowPipeline"]
 
@@ -155,7 +158,7 @@ class BankQueue:
     _queues: weakref.WeakKeyDictionary[Any, BankQueue] = weakref.WeakKeyDictionary()
     _queues_lock = threading.Lock()
 
-    def __init__(self, bank: Any) -> None:
+    def __init__(self, bank: KnowledgeBank) -> None:
         self.bank = bank
         self.inline = getattr(getattr(bank, "transport", None), "kind", "") == "local"
         self._lock = threading.RLock()
@@ -169,7 +172,7 @@ class BankQueue:
         bank.attach(self)
 
     @classmethod
-    def of(cls, bank: Any) -> BankQueue:
+    def of(cls, bank: KnowledgeBank) -> BankQueue:
         """The queue of ``bank`` in this process (made on first use)."""
         with cls._queues_lock:
             q = cls._queues.get(bank)

@@ -11,7 +11,7 @@ initializer would give it (:func:`initial_rows`), so evaluation sees what traini
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from carls_dask.bank.hashing import mix_seed
 from carls_dask.bank.initializers import initial_block
 from carls_dask.bank.schema import Column, TableSpec
 from carls_dask.errors import InvalidBatchError, InvalidDTypeError
+
+if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
 
 __all__ = ["BankColumn", "initial_rows"]
 
@@ -66,7 +69,7 @@ class BankColumn:
         For a trainable layer over a table without an optimizer.
     """
 
-    def __init__(self, bank: Any, table: str, column: str, owner: str, *, trainable: bool = True) -> None:
+    def __init__(self, bank: KnowledgeBank, table: str, column: str, owner: str, *, trainable: bool = True) -> None:
         spec = bank.spec(table)
         col: Column = spec.column(column)
         if not col.is_float:

@@ -17,9 +17,12 @@ import dataclasses
 import logging
 import os
 import pathlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from carls_dask.storage.runfolder import RunFolder, state_file, state_step
+
+if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
 
 __all__ = ["Checkpointer"]
 
@@ -54,7 +57,7 @@ class Checkpointer:
         """Whether a checkpoint is due after ``step`` steps."""
         return self.every > 0 and step > 0 and step % self.every == 0
 
-    def snapshot_bank(self, bank: Any, step: int) -> int:
+    def snapshot_bank(self, bank: KnowledgeBank, step: int) -> int:
         """Snapshot ``bank`` at ``step`` into :attr:`bank_root` and prune to :attr:`keep`; returns the version."""
         from carls_dask.storage.bankstore import prune_snapshots
 
@@ -64,7 +67,7 @@ class Checkpointer:
         logger.info("bank snapshot v%d at step %d", version, step)
         return version
 
-    def save(self, trainer: str, step: int, state: Any, bank: Any = None) -> None:
+    def save(self, trainer: str, step: int, state: Any, bank: KnowledgeBank | None = None) -> None:
         """Save ``state`` of ``trainer`` at ``step``, then snapshot ``bank`` (when given) at the same step; prune
         old ones.
 

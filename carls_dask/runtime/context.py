@@ -6,10 +6,13 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from carls_dask.errors import HookNotImplementedError
+from carls_dask.errors import HookNotImplementedError, LifecycleError
 from carls_dask.runtime.channel import ModelChannelLike
+
+if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
 
 __all__ = ["LoopContext", "LoopResult", "LoopSettings", "MakerRound", "StopControl", "ThreadStop", "pick_device"]
 
@@ -84,7 +87,7 @@ class LoopSettings:
         it snapshots the bank with its checkpoints.
     """
 
-    bank: Any = None
+    bank: KnowledgeBank | None = None
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
     publish_every: int = 50
     poll_interval: float = 0.5
@@ -92,6 +95,15 @@ class LoopSettings:
     metrics_every: int = 10
     checkpoint: Any = None
     primary: bool = False
+
+    @property
+    def the_bank(self) -> KnowledgeBank:
+        """The bank, for a loop that needs one (raises :class:`~carls_dask.errors.LifecycleError` when it runs
+        without)."""
+        if self.bank is None:
+            raise LifecycleError(f"{type(self).__name__}: this loop runs without a knowledge bank; expected one "
+                                 "(give the Workbench or the runner tables, or use ctx.bank, which may be None)")
+        return self.bank
 
     def loop_settings(self) -> dict[str, Any]:
         """These settings by name (no copies: the bank handle and config are passed on as they are)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from carls_dask.errors import ConfigError, HookNotImplementedError
 from carls_dask.runtime.context import LoopResult
@@ -30,10 +30,17 @@ from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.settings import describe_settings, get_setting, settings_from_options, settings_values
 from carls_dask.runtime.trainer import Trainer
 
+if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
+
 __all__ = ["Paradigm"]
 
 
-class Paradigm:
+#: The settings class of a paradigm (a dataclass; :attr:`Paradigm.settings_class`).
+SettingsT = TypeVar("SettingsT")
+
+
+class Paradigm(Generic[SettingsT]):
     """Base class of a learning paradigm; subclass it and set the class attributes.
 
     Attributes
@@ -98,7 +105,7 @@ class Paradigm:
                 **settings_values(self.settings_type, overrides, owner=owner)}
         return settings_from_options(self.settings_type, options or {}, base=base, owner=owner)
 
-    def variant_of(self, settings: Any) -> str:
+    def variant_of(self, settings: SettingsT) -> str:
         """The variant ``settings`` are closest to: most of its overrides matched, fewest contradicted.
 
         Settings built from a variant and then changed (a smaller batch, another ``k``) still name
@@ -120,35 +127,35 @@ class Paradigm:
         return describe_settings(self.settings_type, self.settings(variant, options))
 
     # -- what a run is made of --------------------------------------------------------------
-    def prepare(self, settings: Any) -> Any:
+    def prepare(self, settings: SettingsT) -> Any:
         """Check and resolve what the loops need (data folders...) on the client; returns the settings to run.
 
         Runs before any cluster starts, so a missing data set fails fast. Default: unchanged.
         """
         return settings
 
-    def tables(self, settings: Any) -> Sequence[Any]:
+    def tables(self, settings: SettingsT) -> Sequence[Any]:
         """The :class:`~carls_dask.bank.TableSpec` of every bank table; empty runs without a bank."""
         return []
 
-    def loops(self, settings: Any) -> Sequence[Trainer | KnowledgeMaker]:
+    def loops(self, settings: SettingsT) -> Sequence[Trainer | KnowledgeMaker]:
         """The trainers, then the knowledge makers. The first trainer is the primary one."""
         raise HookNotImplementedError(f"{type(self).__name__} must implement loops()")
 
-    def initialise(self, bank: Any, settings: Any) -> None:
+    def initialise(self, bank: KnowledgeBank, settings: SettingsT) -> None:
         """Fill the bank before the loops start (runs as a task on the cluster, or in-process). Default: nothing."""
 
-    def write_artifacts(self, settings: Any, run_dir: pathlib.Path) -> None:
+    def write_artifacts(self, settings: SettingsT, run_dir: pathlib.Path) -> None:
         """Write extra files of the run folder (e.g. ``truth.npz``) before the loops start. Default: none."""
 
-    def summarize(self, settings: Any, results: Mapping[str, LoopResult]) -> dict[str, Any]:
+    def summarize(self, settings: SettingsT, results: Mapping[str, LoopResult]) -> dict[str, Any]:
         """The figures of a finished run. Default: the primary trainer's ``finish()`` value when it is a mapping."""
         for result in results.values():
             if result.kind == "trainer" and isinstance(result.value, Mapping):
                 return dict(result.value)
         return {}
 
-    def missing_reasons(self, settings: Any, results: Mapping[str, LoopResult],
+    def missing_reasons(self, settings: SettingsT, results: Mapping[str, LoopResult],
                         missing: Sequence[str]) -> dict[str, str]:
         """Why each figure named in ``missing`` has no value, in the words of the settings a user can change.
 

@@ -168,7 +168,7 @@ def workbench_result(run_dir: str | os.PathLike[str], results: Mapping[str, Loop
     """The ``result.json`` of a run made on a plain :class:`~carls_dask.runtime.workbench.Workbench` (no paradigm),
     written into ``run_dir``: the loops' results, the primary trainer's figures (its ``finish()`` value when
     it is a mapping, as :meth:`Paradigm.summarize` takes them) and the snapshots ``bank_root`` keeps."""
-    figures = dict(Paradigm().summarize(None, results))
+    figures = dict(Paradigm[None]().summarize(None, results))
     ended = time.time()
     loops = loop_records(results, restarts)
     first = results.get(primary)

@@ -57,7 +57,7 @@ import pathlib
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from carls_dask import config
 from carls_dask.console import command_name
@@ -91,6 +91,9 @@ from carls_dask.runtime.results import (
 from carls_dask.runtime.settings import settings_from_json, settings_to_json, strict_json
 from carls_dask.runtime.trainer import Trainer
 from carls_dask.storage.runfolder import METRICS, REQUEST, RESULT, RunFolder
+
+if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
 
 __all__ = [
     "RESULT_SCHEMA", "RunInterrupted", "RunResult", "recorded_paradigm", "resume_run", "run_inline", "run_paradigm",
@@ -361,15 +364,15 @@ def run_paradigm(paradigm: Paradigm | str, settings: Any = None, *, variant: str
                 root = plan.bank_root
                 if plan.resume is not None and root is not None and has_snapshot(root):
                     wb.restore_bank(root, n_shards=n_shards)
-                    _roll_back_to_cut(wb.bank, plan)
+                    _roll_back_to_cut(wb.the_bank, plan)
                 else:
                     wb.create_bank(tables, n_shards=n_shards, log_root=plan.bank_root)
                     if _has_initialise(p):
                         wb.client.submit(p.initialise, wb.bank, s, pure=False).result(timeout=seconds)
                     kept = snapshot_kept(tables)
                     if kept and plan.checkpointer is not None and root is not None and \
-                            any(wb.bank.size(t) for t in kept):  # what initialise put there: a cut to go back to
-                        plan.checkpointer.snapshot_bank(wb.bank, 0)
+                            any(wb.the_bank.size(t) for t in kept):  # what initialise put there: a cut to go back to
+                        plan.checkpointer.snapshot_bank(wb.the_bank, 0)
             for i, t in enumerate(trainers):
                 wb.submit_trainer(t, primary=i == 0)
             for m in makers:
@@ -414,7 +417,7 @@ def _stopped(plan: _Plan, step: int, why: DiskReserveError) -> RunStopped:
     return RunStopped(f"run stopped cleanly at step {step}: {why}; {where}", stop.run_dir, step, stop.checkpoint)
 
 
-def _roll_back_to_cut(bank: Any, plan: _Plan) -> None:
+def _roll_back_to_cut(bank: KnowledgeBank, plan: _Plan) -> None:
     """After restoring a resumed run's bank: bring the tables kept by snapshots back to the cut, when the cut is
     not the newest snapshot (the logged tables keep the newest state the store holds)."""
     from carls_dask.storage import list_snapshots

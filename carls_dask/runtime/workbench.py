@@ -40,7 +40,7 @@ import pathlib
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from carls_dask import config
 from carls_dask.errors import (
@@ -64,6 +64,9 @@ from carls_dask.runtime.progress import ProgressBook, ProgressSink
 from carls_dask.runtime.tasks import ROLLED_BACK, STARTED, LoopSpec, run_loop_task
 from carls_dask.runtime.trainer import Trainer
 from carls_dask.storage.runfolder import RunFolder
+
+if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
 
 __all__ = ["LoopHandle", "LoopStatus", "Workbench"]
 
@@ -183,7 +186,7 @@ class Workbench:
         self.loss_topic = loss_topic(self.prefix)
         self.cluster: Any = None
         self.client: Any = None
-        self.bank: Any = None
+        self.bank: KnowledgeBank | None = None
         self._own_cluster = False
         self._own_client = False
         self._watching = False
@@ -328,6 +331,14 @@ class Workbench:
             self._home_worker = candidates[0]
         return self._home_worker
 
+    @property
+    def the_bank(self) -> KnowledgeBank:
+        """The Workbench's bank (raises :class:`~carls_dask.errors.LifecycleError` before one was created or
+        restored)."""
+        if self.bank is None:
+            raise LifecycleError("Workbench: no bank yet; expected create_bank(tables) or restore_bank(root) first")
+        return self.bank
+
     def create_bank(self, tables: Sequence[Any], *, n_shards: int | None = None, buckets: int | None = None,
                     placement: str | None = None, name: str | None = None, log_root: str | None = None) -> Any:
         """Create the run's :class:`~carls_dask.bank.KnowledgeBank` (one actor per shard).
@@ -395,7 +406,7 @@ class Workbench:
         (its own line stays in the worker's log); the monitor drains them."""
         from carls_dask.bank.rehoming import process_id, rehome_topic
 
-        here, bank = process_id(), self.bank.name
+        here, bank = process_id(), self.the_bank.name
 
         def relay(event: Any) -> None:
             _, msg = event
@@ -618,11 +629,12 @@ class Workbench:
         ckpt = self.checkpointer
         root = str(ckpt.bank_root)
         version, step = newest_cut(root, [st for st, _ in ckpt.states(self.book.primary or handles[0].name)])
-        tables = snapshot_kept(self.bank.tables.values())
-        self.bank.rollback(root, -1 if version is None else version, tables)  # -1: empty, before any snapshot
+        bank = self.the_bank
+        tables = snapshot_kept(bank.tables.values())
+        bank.rollback(root, -1 if version is None else version, tables)  # -1: empty, before any snapshot
         if self.book.primary:
             drop_states_after(ckpt, self.book.primary, step)
-        events = self.bank.stats()["rehoming"].get("events") or []
+        events = bank.stats()["rehoming"].get("events") or []
         lost = (f"bank shard {events[-1]['shard']} (worker {events[-1]['from']})" if events else "a bank shard")
         when = float(events[-1]["time"]) - float(events[-1]["rehome_s"]) if events else time.time()
         line = cut_line([f"{h.kind} {h.name}" for h in handles], version, step, tables, time.monotonic() - t0,

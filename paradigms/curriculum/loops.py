@@ -123,7 +123,7 @@ class CurriculumTrainer(Trainer):
         import torch
 
         assert self.ctx is not None
-        got = self.ctx.bank.lookup(TABLE, self.keys, columns=list(BANK_COLUMNS))
+        got = self.ctx.the_bank.lookup(TABLE, self.keys, columns=list(BANK_COLUMNS))
         found = np.asarray(got.found, dtype=bool)
         if not found.any():
             self.knowledge = {SCORED_FRACTION: 0.0}

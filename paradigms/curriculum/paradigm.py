@@ -68,7 +68,7 @@ def maker_name(i: int, makers: int) -> str:
     return "maker" if makers == 1 else f"maker-{i}"
 
 
-class Curriculum(Paradigm):
+class Curriculum(Paradigm[CurriculumSettings]):
     """Image classification under label noise with maker-scored difficulty, pacing and label cleaning."""
 
     name = "curriculum"

@@ -188,7 +188,7 @@ class ContrastiveTrainer(Trainer):
             deadline = time.monotonic() + self.bank_wait_s
             self.bank_wait_s = 0.0  # once
         while not self.bank_ready:  # the maker's embeddings are unit-norm; unwritten ones are zeros
-            got = self.ctx.bank.lookup(TEXTS, self.keys[:1], columns=["embedding"])
+            got = self.ctx.the_bank.lookup(TEXTS, self.keys[:1], columns=["embedding"])
             self.bank_ready = bool(got.found[0]) and bool(np.any(got.values["embedding"][0]))
             if self.bank_ready or deadline is None or time.monotonic() > deadline or self.ctx.stop.wait(0.05):
                 break
@@ -200,8 +200,8 @@ class ContrastiveTrainer(Trainer):
 
         assert self.ctx is not None
         k = min(self.n_hard + 4, len(self.keys))
-        hk, _ = self.ctx.bank.top_k(table, query.detach().cpu().numpy(), k, metric="dot")
-        got = self.ctx.bank.lookup(table, hk.reshape(-1), columns=["embedding"])
+        hk, _ = self.ctx.the_bank.top_k(table, query.detach().cpu().numpy(), k, metric="dot")
+        got = self.ctx.the_bank.lookup(table, hk.reshape(-1), columns=["embedding"])
         neg = torch.from_numpy(got.values["embedding"].reshape(*hk.shape, -1)).to(self.device)
         mask = torch.from_numpy(self._same_concept(hk, pos_keys)).to(self.device)
         return neg, mask, float(np.nanmean(got.age))
@@ -225,7 +225,7 @@ class ContrastiveTrainer(Trainer):
 
         assert self.ctx is not None
         k = min(self.n_hard + 4, len(self.keys))
-        hk, _ = self.ctx.bank.top_k(table, query.detach().cpu().numpy(), k, metric="dot")
+        hk, _ = self.ctx.the_bank.top_k(table, query.detach().cpu().numpy(), k, metric="dot")
         rows = self._rows(hk.reshape(-1))
         enc = self.model.encode_text(self.ids[rows]) if table == TEXTS else self.model.encode_image(self.feats[rows])
         mask = torch.from_numpy(self._same_concept(hk, pos_keys)).to(self.device)
@@ -236,7 +236,7 @@ class ContrastiveTrainer(Trainer):
         import torch
 
         assert self.ctx is not None
-        s = self.ctx.bank.sample_negatives(TEXTS, min(self.n_negatives, len(self.keys)), sampler=self.negatives,
+        s = self.ctx.the_bank.sample_negatives(TEXTS, min(self.n_negatives, len(self.keys)), sampler=self.negatives,
                                            seed=self.seed * 1_000_003 + step)
         rows = self._rows(s.keys)
         img, txt = self.model(self.feats[rows], self.ids[rows])
@@ -250,7 +250,7 @@ class ContrastiveTrainer(Trainer):
         import torch
 
         assert self.ctx is not None
-        bank = self.ctx.bank
+        bank = self.ctx.the_bank
         s = bank.sample_negatives(TEXTS, min(self.n_negatives, len(self.keys)), sampler=self.negatives,
                                   seed=self.seed * 1_000_003 + step)
         got_t = bank.lookup(TEXTS, s.keys, columns=["embedding"])
@@ -392,9 +392,9 @@ class CorpusMaker(KnowledgeMaker):
             txt = self.model.encode_text(self.ids).cpu().numpy()
         for s in range(0, len(self.keys), self.chunk):
             k = self.keys[s:s + self.chunk]
-            self.ctx.bank.update(TEXTS, k, {"embedding": txt[s:s + self.chunk]}, model_step=version.step,
+            self.ctx.the_bank.update(TEXTS, k, {"embedding": txt[s:s + self.chunk]}, model_step=version.step,
                                  maker=self.name)
-            self.ctx.bank.update(IMAGES, k, {"embedding": img[s:s + self.chunk]}, model_step=version.step,
+            self.ctx.the_bank.update(IMAGES, k, {"embedding": img[s:s + self.chunk]}, model_step=version.step,
                                  maker=self.name)
         drift = float("nan") if self.previous is None else float(1.0 - (txt * self.previous).sum(1).mean())
         self.previous = txt
@@ -499,7 +499,7 @@ class ConceptClassifierTrainer(Trainer):
         from carls_dask.nn import sampled_softmax_loss
 
         assert self.ctx is not None
-        bank = self.ctx.bank
+        bank = self.ctx.the_bank
         t0 = time.perf_counter()
         idx = self.train[self.rng.choice(len(self.train), size=self.batch_size, replace=False)]
         kb = self.class_keys[idx]
@@ -527,16 +527,16 @@ class ConceptClassifierTrainer(Trainer):
         assert self.ctx is not None
         with torch.inference_mode():
             q = self.model(self.feats[torch.from_numpy(self.test).to(self.device)]).cpu().numpy()
-        k = min(5, self.ctx.bank.size(CONCEPTS))
-        keys, _ = self.ctx.bank.top_k(CONCEPTS, 10.0 * q, k, metric="dot")
+        k = min(5, self.ctx.the_bank.size(CONCEPTS))
+        keys, _ = self.ctx.the_bank.top_k(CONCEPTS, 10.0 * q, k, metric="dot")
         truth = self.class_keys[self.test]
         return {"top1": float((keys[:, 0] == truth).mean()), "top5": float((keys == truth[:, None]).any(1).mean()),
-                "n_test": float(len(self.test)), "classes": float(self.ctx.bank.size(CONCEPTS))}
+                "n_test": float(len(self.test)), "classes": float(self.ctx.the_bank.size(CONCEPTS))}
 
     def finish(self) -> dict[str, float]:
         """:meth:`evaluate` plus ``sampled`` (classes per step) and ``step_ms`` (median step time, bank calls
         included; NaN when no step ran in this process)."""
         out = self.evaluate()
-        out["sampled"] = float(min(self.n_sampled, self.ctx.bank.size(CONCEPTS))) if self.ctx is not None else 0.0
+        out["sampled"] = float(min(self.n_sampled, self.ctx.the_bank.size(CONCEPTS))) if self.ctx is not None else 0.0
         out["step_ms"] = float(np.median(self.step_seconds) * 1e3) if self.step_seconds else float("nan")
         return out

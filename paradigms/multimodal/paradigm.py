@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from carls_dask.locations import cache_dir
 from carls_dask.paradigms.data.sentences import SENTENCE_DIM
@@ -36,6 +36,9 @@ from carls_dask.paradigms.multimodal.text import resolve_text_encoder
 from carls_dask.runtime.context import LoopResult
 from carls_dask.runtime.paradigm import Paradigm
 
+if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
+
 __all__ = ["RECALLS", "Multimodal"]
 
 logger = logging.getLogger(__name__)
@@ -46,7 +49,7 @@ MAKER = "corpus-maker"
 RECALLS = ("i2t_r@1", "i2t_r@5", "t2i_r@1", "t2i_r@5")
 
 
-class Multimodal(Paradigm):
+class Multimodal(Paradigm[MultimodalSettings]):
     """Image-text contrastive learning on OpenMoji pairs with bank negatives and bank-held classes."""
 
     name = "multimodal"
@@ -83,7 +86,7 @@ class Multimodal(Paradigm):
         return corpus_tables(settings.dim, settings.dim if settings.classifier_steps else None,
                              SENTENCE_DIM if minilm else None)
 
-    def initialise(self, bank: Any, settings: MultimodalSettings) -> None:
+    def initialise(self, bank: KnowledgeBank, settings: MultimodalSettings) -> None:
         """Write the frozen pretrained features of the train corpus into ``images.pretrained`` (and, with the
         MiniLM text encoder, ``texts.pretrained``)."""
         written = initialise_bank(bank, settings.corpus())

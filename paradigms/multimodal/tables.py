@@ -11,12 +11,15 @@ writes their features into the bank before the loops start.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from carls_dask.bank import Column, TableSpec
 from carls_dask.paradigms.data.sentences import SENTENCE_MODEL
 from carls_dask.paradigms.multimodal.data import CorpusSpec, load_corpus
 from carls_dask.paradigms.multimodal.features import FEATURE_DIM, PRETRAINED_NAME
+
+if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
 
 __all__ = ["CONCEPTS", "IMAGES", "TEXTS", "corpus_tables", "has_pretrained", "initialise_bank"]
 
@@ -44,7 +47,7 @@ def corpus_tables(dim: int = 64, classes_dim: int | None = None, text_dim: int |
     return tables
 
 
-def initialise_bank(bank: Any, spec: CorpusSpec, chunk: int = 1024) -> int:
+def initialise_bank(bank: KnowledgeBank, spec: CorpusSpec, chunk: int = 1024) -> int:
     """Write the frozen pretrained features of the train corpus into ``images.pretrained`` (and, with the
     MiniLM text encoder, ``texts.pretrained``).
 
@@ -62,7 +65,7 @@ def initialise_bank(bank: Any, spec: CorpusSpec, chunk: int = 1024) -> int:
     return len(keys)
 
 
-def has_pretrained(bank: Any, table: str) -> bool:
+def has_pretrained(bank: KnowledgeBank, table: str) -> bool:
     """Whether ``table`` of ``bank`` has a ``pretrained`` column (``texts`` has one with MiniLM features)."""
     return any(c.name == "pretrained" for c in bank.spec(table).columns)
 

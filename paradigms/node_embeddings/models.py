@@ -26,7 +26,7 @@ Two interchangeable table holders, the same arithmetic:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,6 +35,9 @@ from carls_dask.bank import TableSpec
 from carls_dask.bank.sampling import order_by_frequency, sample_candidates
 from carls_dask.nn import BankEmbedding, initial_rows, sampled_softmax_loss
 from carls_dask.paradigms.node_embeddings.tables import CONTEXTS, TABLE
+
+if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
 
 __all__ = ["BankTables", "InProcessTables", "accidental_hits", "sgns_loss", "softmax_loss"]
 
@@ -93,7 +96,7 @@ class BankTables:
         The bank's negative sampler.
     """
 
-    def __init__(self, bank: Any, *, pipeline: bool, staleness: int, sampler: str) -> None:
+    def __init__(self, bank: KnowledgeBank, *, pipeline: bool, staleness: int, sampler: str) -> None:
         self.bank = bank
         self.inputs = BankEmbedding(bank, TABLE, pipeline=pipeline, staleness=staleness)
         self.contexts = BankEmbedding(bank, CONTEXTS, pipeline=pipeline, staleness=staleness)

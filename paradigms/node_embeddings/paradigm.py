@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,13 +33,16 @@ from carls_dask.runtime.context import LoopResult
 from carls_dask.runtime.paradigm import Paradigm
 from carls_dask.storage.runfolder import RunFolder
 
+if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
+
 __all__ = ["NodeEmbeddings"]
 
 TRAINER = "trainer"
 MAKER = "neighbour-maker"
 
 
-class NodeEmbeddings(Paradigm):
+class NodeEmbeddings(Paradigm[NodeEmbeddingsSettings]):
     """Skip-gram node embeddings of the WordNet noun graph, learned in the bank."""
 
     name = "node-embeddings"
@@ -71,7 +74,7 @@ class NodeEmbeddings(Paradigm):
             out.append(NeighbourMaker(settings, MAKER, source=TRAINER))
         return out
 
-    def initialise(self, bank: Any, settings: NodeEmbeddingsSettings) -> None:
+    def initialise(self, bank: KnowledgeBank, settings: NodeEmbeddingsSettings) -> None:
         """Allocate every node's row before training (a resumed run's bank has them already)."""
         initialise_bank(bank, load_graph_data(settings).n_nodes)
 

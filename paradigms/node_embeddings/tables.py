@@ -8,13 +8,14 @@ only the column it reads.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from carls_dask.bank import Column, TableSpec
 
 if TYPE_CHECKING:
+    from carls_dask.bank.client import KnowledgeBank
     from carls_dask.paradigms.node_embeddings.settings import NodeEmbeddingsSettings
 
 __all__ = ["CONTEXTS", "NEIGHBOURS", "TABLE", "bank_tables", "initialise_bank", "node_tables", "table_specs"]
@@ -55,7 +56,7 @@ def bank_tables(s: NodeEmbeddingsSettings) -> list[TableSpec]:
     return out
 
 
-def initialise_bank(bank: Any, n_nodes: int, chunk: int = 1 << 16) -> None:
+def initialise_bank(bank: KnowledgeBank, n_nodes: int, chunk: int = 1 << 16) -> None:
     """Allocate every node's rows (frequency 1), so the bank's sampler ranks every node from the first step."""
     for table in (TABLE, CONTEXTS):
         for s in range(0, n_nodes, chunk):

@@ -306,7 +306,7 @@ class NeighbourMaker(_ModelMaker):
         if self.config.maker_refresh == "full" or self.cursor is None:
             return None, 0
         assert self.ctx is not None
-        batch = self.ctx.bank.changes(NODES_TABLE, self.cursor, column="logits")
+        batch = self.ctx.the_bank.changes(NODES_TABLE, self.cursor, column="logits")
         self.cursor = batch.cursor
         moved = np.zeros(self.graph.n_nodes, dtype=bool)
         moved[batch.keys[(batch.keys >= 0) & (batch.keys < self.graph.n_nodes)]] = True
@@ -323,10 +323,10 @@ class NeighbourMaker(_ModelMaker):
         rows, feed_keys = self._rows_to_score()
         keys = self.keys if rows is None else self.keys[rows]
         hidden, logits = self._forward(rows)
-        self.ctx.bank.update(NODES_TABLE, keys, {"embedding": hidden, "logits": logits},
+        self.ctx.the_bank.update(NODES_TABLE, keys, {"embedding": hidden, "logits": logits},
                              model_step=int(version.step), maker=self.name)
         if self.config.maker_refresh == "changes" and self.cursor is None:  # follow the feed from here on
-            self.cursor = self.ctx.bank.changes(NODES_TABLE, column="logits").cursor
+            self.cursor = self.ctx.the_bank.changes(NODES_TABLE, column="logits").cursor
         self.scored_rows += int(keys.size)
         self.rounds += 1
         out = {"rows": float(keys.size)}
@@ -364,7 +364,7 @@ class PseudoLabelMaker(_ModelMaker):
         super().setup(ctx)
         self.candidates = self.graph.unlabelled()
         # the labels given so far: none in a new bank; after a restart, those the bank holds
-        self.current = np.sort(np.asarray(ctx.bank.keys(PSEUDO_TABLE), dtype=np.int64))
+        self.current = np.sort(np.asarray(ctx.the_bank.keys(PSEUDO_TABLE), dtype=np.int64))
         self.adjacency = normalized_adjacency(self.graph.edges, self.graph.n_nodes)
         self.teacher: np.ndarray | None = None
         self.teacher_written = False
@@ -420,13 +420,13 @@ class PseudoLabelMaker(_ModelMaker):
         # a graph teacher's soft targets do not change between rounds: written once, kept after
         unchanged = self.teacher_written and self.config.pseudo.selection == "soft"
         if len(chosen.keys) and not unchanged:
-            self.ctx.bank.update(PSEUDO_TABLE, chosen.keys, {"pseudo_label": chosen.labels,
+            self.ctx.the_bank.update(PSEUDO_TABLE, chosen.keys, {"pseudo_label": chosen.labels,
                                                              "confidence": chosen.confidence,
                                                              "target": chosen.target_rows(self.graph.n_classes)},
                                  model_step=int(version.step), maker=self.name)
         dropped = np.setdiff1d(self.current, chosen.keys)
         if len(dropped):
-            self.ctx.bank.delete(PSEUDO_TABLE, dropped)
+            self.ctx.the_bank.delete(PSEUDO_TABLE, dropped)
         self.current = chosen.keys
         self.teacher_written = self.teacher is not None and bool(len(chosen.keys))
         q = pseudo_label_quality(chosen, self.graph.labels)

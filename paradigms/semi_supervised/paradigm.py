@@ -41,7 +41,7 @@ BANK_DEFAULTS: dict[str, Any] = {"unlabelled_batch": ALL_NODES, "neighbour_tempe
                                  "pseudo.threshold": 0.99, "pseudo.selection": "auto", "pseudo.warmup": 20}
 
 
-class SemiSupervised(Paradigm):
+class SemiSupervised(Paradigm[SemiSupervisedSettings]):
     """Node classification on a citation graph with graph regularization and pseudo labels from the bank."""
 
     name = "semi-supervised"
