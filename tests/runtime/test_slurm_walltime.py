@@ -27,12 +27,12 @@ def test_slurm_worker_at_its_walltime_hands_its_shard_over(tmp_path: pathlib.Pat
     from dask_jobqueue import SLURMCluster
     from distributed import Client
 
-    conf = {"carls.bank.rehome-timeout": "60s", "carls.bank.walltime-margin": "10s"}
+    conf = {"carls.bank.rehome-timeout": "60s", "carls.bank.walltime-margin": "20s"}
     with dask.config.set(conf), SLURMCluster(
         cores=1, processes=1, memory="2GB", walltime="00:10:00", queue=PARTITION,
         job_name=f"carls-walltime-{os.getpid()}", python=sys.executable, interface="lo",
         log_directory=str(tmp_path / "slurm-logs"), death_timeout=60,
-        scheduler_options={"dashboard_address": ":0"}, worker_extra_args=["--lifetime", "30s"],
+        scheduler_options={"dashboard_address": ":0"}, worker_extra_args=["--lifetime", "60s"],
     ) as cluster, Client(cluster) as client:
         cluster.scale(jobs=1)
         proc = subprocess.Popen(

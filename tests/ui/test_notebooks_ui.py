@@ -70,9 +70,12 @@ _FIGURES = """() => {
 }"""
 
 _NOTEBOOK = "() => window.jupyterapp.shell.currentWidget"
+# Run All has ended: the kernel is idle and every code cell ran, or a cell failed (Run All stops there).
 _FINISHED = """() => { const w = window.jupyterapp.shell.currentWidget;
   const k = w.sessionContext.session && w.sessionContext.session.kernel;
-  return !!k && k.status === 'idle' && w.content.widgets.every((c) => c.model.type !== 'code' || c.model.executionCount); }"""
+  const code = w.content.widgets.filter((c) => c.model.type === 'code');
+  const failed = code.some((c) => c.model.outputs.toJSON().some((o) => o.output_type === 'error'));
+  return !!k && k.status === 'idle' && (failed || code.every((c) => c.model.executionCount)); }"""
 _OUTPUTS = """() => window.jupyterapp.shell.currentWidget.content.widgets
   .filter((c) => c.model.type === 'code').map((c) => c.model.outputs.toJSON())"""
 
