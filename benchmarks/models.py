@@ -456,6 +456,21 @@ class Way:
         return 1.0 / statistics.median(self.times)
 
 
+@dataclass(frozen=True)
+class _OldStepCost:
+    """A step's cost as :class:`carls_dask.bank.stepprofile.StepCost` holds it, for code that has none."""
+
+    steps: int
+    messages: float
+    sends: float
+    operations: float
+    kb: float
+    wait_ms: float
+    trainer_cpu_ms: float
+    shard_cpu_ms: float | None
+    wall_ms: float
+
+
 class _CpuOnly:
     """The trainer's CPU per step where no bank is involved (the in-process way)."""
 
@@ -463,7 +478,10 @@ class _CpuOnly:
         self._cpu, self._wall = time.process_time(), time.perf_counter()
 
     def stop(self, steps: int) -> Any:
-        from carls_dask.bank.stepprofile import StepCost
+        try:
+            from carls_dask.bank.stepprofile import StepCost
+        except ImportError:  # carls-dask before the step profile (the "before" table)
+            StepCost = _OldStepCost  # type: ignore[assignment,misc]
 
         n = max(steps, 1)
         return StepCost(steps, 0.0, 0.0, 0.0, 0.0, 0.0, (time.process_time() - self._cpu) * 1e3 / n, None,
