@@ -21,15 +21,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from carls_dask import config
 from carls_dask.bank.schema import check_durability
 from carls_dask.errors import RolledBackError
 
-__all__ = ["cut_line", "drop_states_after", "newest_cut", "rolled_back", "run_tables", "snapshot_kept"]
+__all__ = ["cause_of", "cut_line", "drop_states_after", "newest_cut", "rolled_back", "run_tables", "snapshot_kept"]
 
 logger = logging.getLogger(__name__)
+
+E = TypeVar("E", bound=BaseException)
 
 
 def run_tables(tables: Iterable[Any]) -> list[Any]:
@@ -83,15 +85,20 @@ def drop_states_after(checkpointer: Any, trainer: str, step: int) -> list[int]:
     return dropped
 
 
-def rolled_back(exc: BaseException | None) -> bool:
-    """Whether ``exc`` (or an exception it was raised from) is a :class:`RolledBackError`."""
+def cause_of(exc: BaseException | None, kind: type[E]) -> E | None:
+    """``exc`` or the first exception it was raised from (``__cause__``, else ``__context__``) that is a ``kind``."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, RolledBackError):
-            return True
+        if isinstance(exc, kind):
+            return exc
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
-    return False
+    return None
+
+
+def rolled_back(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is a :class:`RolledBackError`."""
+    return cause_of(exc, RolledBackError) is not None
 
 
 def cut_line(loops: Sequence[str], version: int | None, step: int, tables: Sequence[str], seconds: float,

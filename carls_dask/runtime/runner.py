@@ -74,7 +74,7 @@ from carls_dask.errors import (
 from carls_dask.runtime.channel import LocalModelChannel
 from carls_dask.runtime.checkpoints import Checkpointer
 from carls_dask.runtime.context import LoopContext, LoopResult, ThreadStop, pick_device
-from carls_dask.runtime.durability import drop_states_after, newest_cut, run_tables, snapshot_kept
+from carls_dask.runtime.durability import cause_of, drop_states_after, newest_cut, run_tables, snapshot_kept
 from carls_dask.runtime.loops import MakerDriver, TrainerDriver
 from carls_dask.runtime.maker import KnowledgeMaker
 from carls_dask.runtime.paradigm import Paradigm
@@ -387,23 +387,11 @@ def run_paradigm(paradigm: Paradigm | str, settings: Any = None, *, variant: str
             raise
         raise _interrupted(plan, max(plan.first_step, wb.book.primary_step())) from None
     except (LoopFailedError, DiskReserveError) as exc:
-        full = _disk_full(exc)
+        full = cause_of(exc, DiskReserveError)  # a loop's failure carries it as its cause
         if full is None:
             raise
         raise _stopped(plan, max(plan.first_step, wb.book.primary_step()), full) from exc
     return _finish(plan, "workbench", results, restarts)
-
-
-def _disk_full(exc: BaseException) -> DiskReserveError | None:
-    """The :class:`DiskReserveError` ``exc`` is or was raised from (a loop's failure carries it as its cause)."""
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, DiskReserveError):
-            return cur
-        seen.add(id(cur))
-        cur = cur.__cause__ or cur.__context__
-    return None
 
 
 def _stopped(plan: _Plan, step: int, why: DiskReserveError) -> RunStopped:
