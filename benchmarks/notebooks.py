@@ -2,8 +2,9 @@
 
 Each notebook runs in a real Jupyter kernel of this interpreter (nbclient, kernel ``python3``) in a temporary
 folder; its last cell prints one JSON line ``{"carls_result": {...}}`` with the figures it computed, which the
-checks below judge. ``tests/test_notebooks.py`` runs the same notebooks and checks with smaller sizes where
-the effect shows at a smaller size (:data:`SUITE_SIZES`); this script runs them as a user opens them.
+checks below judge. The suite (``tests/ui/test_notebooks_ui.py``) runs the same notebooks with Run All in
+JupyterLab and judges them by the same checks, with smaller sizes where the effect shows at a smaller size
+(:data:`SUITE_SIZES`); this script runs them as a user opens them.
 
     python benchmarks/notebooks.py                     # all four
     python benchmarks/notebooks.py semi_supervised
@@ -39,14 +40,10 @@ def sizes(nb: Any) -> dict[str, Any]:
             for node in ast.parse(first.source).body if isinstance(node, ast.Assign)}
 
 
-def execute(path: pathlib.Path, workdir: pathlib.Path, overrides: Mapping[str, Any] | None = None
-            ) -> tuple[dict[str, Any], str, dict[str, Any]]:
-    """Run the notebook at ``path`` in ``workdir`` with its first cell's parameters updated by ``overrides``.
-
-    Returns the figures its last cell printed, the kernel's ``sys.prefix`` and the parameters it ran with.
-    """
+def prepared(path: pathlib.Path, overrides: Mapping[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    """The notebook at ``path`` with its first cell's parameters updated by ``overrides`` and a last cell that
+    prints the kernel's ``sys.prefix``; returns it and the parameters it will run with."""
     import nbformat
-    from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
     params = {**sizes(nb), **(overrides or {})}
@@ -54,17 +51,35 @@ def execute(path: pathlib.Path, workdir: pathlib.Path, overrides: Mapping[str, A
         first = next(c for c in nb.cells if c.cell_type == "code")
         first.source += "\n# the suite's sizes\n" + "\n".join(f"{k} = {v!r}" for k, v in overrides.items())
     nb.cells.append(nbformat.v4.new_code_cell("import sys; print(sys.prefix)"))
+    return nb, params
+
+
+def figures(name: str, outputs: list[list[dict[str, Any]]]) -> tuple[dict[str, Any], str]:
+    """The figures a :func:`prepared` notebook's last cell printed and the kernel's ``sys.prefix``, from the
+    outputs of its code cells (nbformat's output dicts, one list per code cell)."""
+    def text(cell: list[dict[str, Any]]) -> str:
+        parts = [o.get("text", "") for o in cell if o.get("output_type") == "stream"]
+        return "".join("".join(t) if isinstance(t, list) else t for t in parts)  # a multiline string, or its lines
+
+    lines = [ln for ln in text(outputs[-2]).splitlines() if ln.startswith("{") and MARKER in ln]
+    assert len(lines) == 1, f"{name}: the last cell printed no {MARKER} line: {text(outputs[-2])[-2000:]!r}"
+    return json.loads(lines[0])[MARKER], text(outputs[-1]).strip()
+
+
+def execute(path: pathlib.Path, workdir: pathlib.Path, overrides: Mapping[str, Any] | None = None
+            ) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """Run the notebook at ``path`` in ``workdir`` with its first cell's parameters updated by ``overrides``.
+
+    Returns the figures its last cell printed, the kernel's ``sys.prefix`` and the parameters it ran with.
+    """
+    from nbclient import NotebookClient
+
+    nb, params = prepared(path, overrides)
     client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3", allow_errors=False,
                             resources={"metadata": {"path": str(workdir)}})
     client.execute()  # raises CellExecutionError naming the cell when any cell raises
-
-    def text(cell: Any) -> str:
-        return "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
-
-    cells = [c for c in nb.cells if c.cell_type == "code"]
-    lines = [ln for ln in text(cells[-2]).splitlines() if ln.startswith("{") and MARKER in ln]
-    assert len(lines) == 1, f"{path.name}: the last cell printed no {MARKER} line: {text(cells[-2])[-2000:]!r}"
-    return json.loads(lines[0])[MARKER], text(cells[-1]).strip(), params
+    result, prefix = figures(path.name, [c.get("outputs", []) for c in nb.cells if c.cell_type == "code"])
+    return result, prefix, params
 
 
 Check = tuple[str, bool]

@@ -76,6 +76,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+#: Seconds a slurm test waits for the local Slurm while another test process's slurm test uses it.
+SLURM_TURN_DEADLINE = 900.0
+
+
+@pytest.fixture(autouse=True)
+def one_slurm_test_at_a_time(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The slurm tests of the suite's parallel test processes take turns: the local Slurm has one node of 2 CPUs,
+    and one test's jobs would leave the other's pending (or its node not idle). The turn is an exclusive lock on a
+    file in the folder above the processes' temporary folders."""
+    if request.node.get_closest_marker("slurm") is None:
+        yield
+        return
+    import fcntl
+    import time
+
+    path = tmp_path_factory.getbasetemp().parent / "carls-slurm-tests.lock"
+    with path.open("a") as lock:
+        deadline = time.monotonic() + SLURM_TURN_DEADLINE
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the local Slurm was still used by another test process after {SLURM_TURN_DEADLINE:g} s "
+                                f"(lock {path})")
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def artifacts_dir() -> pathlib.Path:
     """Folder where tests leave artifacts (screenshots, logs) for CI to keep."""

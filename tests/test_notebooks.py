@@ -1,23 +1,20 @@
-"""The notebooks in ``notebooks/``: committed without outputs, sized in their first cell, and run top to bottom.
+"""The notebooks in ``notebooks/``: committed without outputs and sized in their first cell.
 
-Each notebook is executed in a real Jupyter kernel of this interpreter (nbclient, kernel ``python3``,
-which jupyter_client starts with ``sys.executable``) in a temporary folder; any cell that raises fails
-the test. The last cell prints one JSON line ``{"carls_result": {...}}`` with the figures the notebook
-computed, and the test checks them. The checks live in ``benchmarks/notebooks.py``, which also runs the
-notebooks at their committed sizes; the suite runs two of them smaller (``SUITE_SIZES`` there).
+They are run top to bottom, and the figures their last cells print are checked, by
+``tests/ui/test_notebooks_ui.py`` (Run All in JupyterLab, at ``SUITE_SIZES``) and by ``benchmarks/notebooks.py``
+(nbclient, at their committed sizes).
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
-import sys
 from typing import Any
 
 import nbformat
 import pytest
 
-from benchmarks.notebooks import CHECKS, NAMES, NOTEBOOKS, SUITE_SIZES, execute
+from benchmarks.notebooks import NAMES, NOTEBOOKS
 
 EXPECTED = NAMES
 
@@ -56,15 +53,3 @@ def test_first_code_cell_holds_only_size_parameters(path: pathlib.Path) -> None:
             f"{path.name}: parameters are UPPER_CASE names, found {ast.unparse(target)}")
         ast.literal_eval(node.value)  # a plain value a user can edit
 
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", EXPECTED)
-def test_notebook_runs_top_to_bottom(name: str, tmp_path: pathlib.Path) -> None:
-    """At the suite's sizes (``SUITE_SIZES``; the committed sizes: ``python benchmarks/notebooks.py``)."""
-    result, prefix, params = execute(NOTEBOOKS / f"{name}.ipynb", tmp_path, SUITE_SIZES.get(name))
-    assert prefix == sys.prefix  # the kernel ran in this environment
-    assert result["notebook"] == name
-    failed = [what for what, ok in CHECKS[name](result, params) if not ok]
-    assert not failed, f"{name} at {params}: {failed}; figures {result}"
-    assert any((tmp_path / "runs").iterdir())  # the run folders went to the notebook's folder

@@ -1,10 +1,11 @@
 """The notebooks as a researcher runs them: a real JupyterLab server, Run All in headless Chromium with no internet
 access (every request outside the server is refused), every figure and every dashboard tab with content.
 
-The notebooks run at small sizes (their first cells' parameters; ``tests/test_notebooks.py`` runs them at their
-own sizes and checks their figures). The check is the browser's: Bokeh's and Panel's JavaScript and stylesheets
-come with the notebook (no CDN), the inline ``Dashboard`` draws what its runs hold although the next cell closes
-the cluster that wrote them, and no cell fails.
+The notebooks run at the suite's sizes (``SUITE_SIZES`` of ``benchmarks/notebooks.py``, which runs them at their
+committed sizes) in a kernel of this environment, and the figures each one's last cell prints are judged by that
+script's checks (the learning effect each notebook shows). The browser's checks: Bokeh's and Panel's JavaScript and
+stylesheets come with the notebook (no CDN), the inline ``Dashboard`` draws what its runs hold although the next
+cell closes the cluster that wrote them, and no cell fails.
 """
 
 from __future__ import annotations
@@ -24,20 +25,13 @@ import pytest
 pytest.importorskip("jupyterlab")
 from playwright.sync_api import Browser, Page, Route
 
+from benchmarks.notebooks import CHECKS, NAMES, NOTEBOOKS, SUITE_SIZES, figures, prepared
 from carls_dask.dashboards.figures import LOADING
 from tests.processes import free_port, stop_process, wait_for
 from tests.ui.browser import page_wait
 
 pytestmark = [pytest.mark.ui, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-NOTEBOOKS = pathlib.Path(__file__).resolve().parents[2] / "notebooks"
-#: Per notebook, its first cell's parameters at the sizes run here.
-SIZES: dict[str, dict[str, object]] = {
-    "quickstart": {"TRAINER_STEPS": 60, "PUBLISH_EVERY": 20},
-    "semi_supervised": {"STEPS": 40},
-    "curriculum": {"N_TRAIN": 500, "N_TEST": 200, "STEPS": 60, "EVAL_EVERY": 20},
-    "multimodal": {"STEPS": 20, "BATCH_SIZE": 8, "N_NEGATIVES": 16, "N_TEST": 16},
-}
 #: Seconds the server is given to answer, and a notebook to run.
 START_DEADLINE = 300.0
 RUN_DEADLINE = 600.0
@@ -82,19 +76,13 @@ _OUTPUTS = """() => window.jupyterapp.shell.currentWidget.content.widgets
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, pathlib.Path]]:
-    """A JupyterLab server of this environment over a folder holding the notebooks at the sizes above; yields its
-    URL prefix (with the token) and the folder."""
+    """A JupyterLab server of this environment over a folder holding the notebooks at the suite's sizes (each with
+    a last cell printing the kernel's ``sys.prefix``); yields its URL prefix (with the token) and the folder."""
     root = tmp_path_factory.mktemp("lab")
     work = root / "notebooks"
     work.mkdir()
-    for name, sizes in SIZES.items():
-        nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
-        first = next(c for c in nb.cells if c.cell_type == "code")
-        lines = first.source.split("\n")
-        for key, value in sizes.items():
-            at = next(i for i, line in enumerate(lines) if line.split("=", 1)[0].strip() == key)
-            lines[at] = f"{key} = {value!r}"
-        first.source = "\n".join(lines)
+    for name in NAMES:
+        nb, _ = prepared(NOTEBOOKS / f"{name}.ipynb", SUITE_SIZES.get(name))
         nbformat.write(nb, work / f"{name}.ipynb")
     # A notebook's cells stay attached while scrolled away (no windowing), so every output can be looked at.
     settings = root / "settings" / "@jupyterlab" / "notebook-extension"
@@ -169,7 +157,7 @@ def _drawn(page: Page, prefix: str) -> bool:
         note != LOADING for _, note in figures.values())
 
 
-@pytest.mark.parametrize("name", list(SIZES))
+@pytest.mark.parametrize("name", NAMES)
 def test_run_all_in_jupyterlab_offline_draws_every_figure_and_dashboard_tab(
     name: str, lab: tuple[str, pathlib.Path], chromium: Browser, artifacts_dir: pathlib.Path
 ) -> None:
@@ -178,8 +166,18 @@ def test_run_all_in_jupyterlab_offline_draws_every_figure_and_dashboard_tab(
     try:
         page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
         page.wait_for_function(_FINISHED, timeout=RUN_DEADLINE * 1000, polling=1000)
-        failed = [o for cell in page.evaluate(_OUTPUTS) for o in cell if o.get("output_type") == "error"]
+        outputs = page.evaluate(_OUTPUTS)
+        failed = [o for cell in outputs for o in cell if o.get("output_type") == "error"]
         assert not failed, f"{name}: cells failed: {[(o['ename'], o['evalue']) for o in failed]}"
+
+        # What the notebook computed: the learning effect it shows, at the suite's sizes, in this environment.
+        result, prefix = figures(name, outputs)
+        assert prefix == sys.prefix, f"{name}: the kernel ran in {prefix}, not in {sys.prefix}"
+        assert result["notebook"] == name
+        _, params = prepared(NOTEBOOKS / f"{name}.ipynb", SUITE_SIZES.get(name))
+        missed = [what for what, ok in CHECKS[name](result, params) if not ok]
+        assert not missed, f"{name} at {params}: {missed}; figures {result}"
+        assert any((work / "runs").iterdir())  # the run folders went to the notebook's folder
 
         # The notebook's own figures (hvplot): each holds data.
         own = [(d, p) for d, n, p, _ in page.evaluate(_FIGURES) if not n]
