@@ -126,10 +126,12 @@ def delta_rows(keys: np.ndarray, columns: dict[str, np.ndarray], step: int, shar
 
 
 def real_run(root: pathlib.Path, variant: str, seed: int, steps: int = 20) -> pathlib.Path:
-    """A real semi-supervised run on Cora, in process."""
+    """A real semi-supervised run on Cora, in process (the calling test skips where Cora is not present)."""
     from carls_dask.runtime.registry import get_paradigm
     from carls_dask.runtime.runner import run_inline
+    from tests.datasets import planetoid_dir
 
+    planetoid_dir()
     p = get_paradigm("semi-supervised")
     run_dir = root / f"semi-supervised-{variant}-{seed}"
     run_inline(p, p.settings(variant, steps=steps, seed=seed), variant=variant, run_dir=run_dir)

@@ -6,14 +6,10 @@ import pathlib
 
 import pytest
 
-from carls_dask.errors import StoreNotFoundError
-from carls_dask.paradigms.data.planetoid import find_data_dir
+from tests.datasets import planetoid_dir
 
 
 @pytest.fixture(scope="module")
 def data_dir() -> pathlib.Path:
     """The folder of the Planetoid files; the test is skipped where they are not present."""
-    try:
-        return find_data_dir()
-    except StoreNotFoundError as exc:
-        pytest.skip(f"the Planetoid files are not present: {exc}")
+    return planetoid_dir()
