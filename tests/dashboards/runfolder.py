@@ -125,17 +125,24 @@ def delta_rows(keys: np.ndarray, columns: dict[str, np.ndarray], step: int, shar
     return state["tables"]["nodes"]  # type: ignore[index,return-value]
 
 
-def real_run(root: pathlib.Path, variant: str, seed: int, steps: int = 20) -> pathlib.Path:
-    """A real semi-supervised run on Cora, in process (the calling test skips where Cora is not present)."""
+def inline_run(root: pathlib.Path, paradigm: str, variant: str, seed: int, steps: int, **overrides: object) -> pathlib.Path:
+    """A real run of a shipped paradigm, in process, in ``root/PARADIGM-VARIANT-SEED`` (a semi-supervised one skips the
+    calling test where the Planetoid files are not present)."""
     from carls_dask.runtime.registry import get_paradigm
     from carls_dask.runtime.runner import run_inline
     from tests.datasets import planetoid_dir
 
-    planetoid_dir()
-    p = get_paradigm("semi-supervised")
-    run_dir = root / f"semi-supervised-{variant}-{seed}"
-    run_inline(p, p.settings(variant, steps=steps, seed=seed), variant=variant, run_dir=run_dir)
+    if paradigm == "semi-supervised":
+        planetoid_dir()
+    p = get_paradigm(paradigm)
+    run_dir = root / f"{paradigm}-{variant}-{seed}"
+    run_inline(p, p.settings(variant, steps=steps, seed=seed, **overrides), variant=variant, run_dir=run_dir)
     return run_dir
+
+
+def real_run(root: pathlib.Path, variant: str, seed: int, steps: int = 20) -> pathlib.Path:
+    """A real semi-supervised run on Cora, in process (the calling test skips where Cora is not present)."""
+    return inline_run(root, "semi-supervised", variant, seed, steps)
 
 
 def snapshot_run(run: pathlib.Path) -> pathlib.Path:

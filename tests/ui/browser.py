@@ -1,5 +1,5 @@
 """What the browser tests share besides their fixtures: Chromium's settings, opening a page and reading it,
-a served dashboard, small real runs and a run being written."""
+a served dashboard and a run being written (small real runs: :func:`tests.dashboards.runfolder.inline_run`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import pytest
 pytest.importorskip("playwright")
 from playwright.sync_api import Browser, ConsoleMessage, Page
 
-from tests.datasets import planetoid_dir
 from tests.processes import CARLS_DASK, console_env, free_port, stop_process, wait_for, wait_until
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -116,20 +115,6 @@ def serve_dashboard(runs: Sequence[pathlib.Path], log: pathlib.Path, **env_overr
         yield url
     finally:
         stop_process(proc, group=True)  # the server and anything it started
-
-
-def inline_run(root: pathlib.Path, paradigm: str, variant: str, seed: int, steps: int, **overrides: object) -> pathlib.Path:
-    """A real run of a shipped paradigm, in process (a semi-supervised one skips the calling test where the Planetoid
-    files are not present)."""
-    from carls_dask.runtime.registry import get_paradigm
-    from carls_dask.runtime.runner import run_inline
-
-    if paradigm == "semi-supervised":
-        planetoid_dir()
-    p = get_paradigm(paradigm)
-    run_dir = root / f"{paradigm}-{variant}-{seed}"
-    run_inline(p, p.settings(variant, steps=steps, seed=seed, **overrides), variant=variant, run_dir=run_dir)
-    return run_dir
 
 
 def start_writer(tmp_path: pathlib.Path, *args: str) -> tuple[pathlib.Path, subprocess.Popen[bytes]]:

@@ -1,5 +1,5 @@
 """Fixtures of the browser tests: headless Chromium, run folders of real paradigm runs and a run being written
-(their helpers: :mod:`tests.ui.browser`)."""
+(their helpers: :mod:`tests.ui.browser`, :mod:`tests.dashboards.runfolder`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 pytest.importorskip("playwright")
 from playwright.sync_api import Browser, sync_playwright
 
+from tests.dashboards.runfolder import inline_run
 from tests.processes import stop_process
-from tests.ui.browser import CHROMIUM, CHROMIUM_ARGS, RUN_STEPS, inline_run, start_writer
+from tests.ui.browser import CHROMIUM, CHROMIUM_ARGS, RUN_STEPS, start_writer
 
 
 @pytest.fixture(scope="session")

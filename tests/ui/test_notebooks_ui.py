@@ -18,6 +18,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import nbformat
 import pytest
@@ -76,14 +77,16 @@ _OUTPUTS = """() => window.jupyterapp.shell.currentWidget.content.widgets
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, pathlib.Path]]:
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, pathlib.Path, dict[str, dict[str, Any]]]]:
     """A JupyterLab server of this environment over a folder holding the notebooks at the suite's sizes (each with
-    a last cell printing the kernel's ``sys.prefix``); yields its URL prefix (with the token) and the folder."""
+    a last cell printing the kernel's ``sys.prefix``); yields its URL prefix (with the token), the folder and each
+    notebook's parameters."""
     root = tmp_path_factory.mktemp("lab")
     work = root / "notebooks"
     work.mkdir()
+    params: dict[str, dict[str, Any]] = {}
     for name in NAMES:
-        nb, _ = prepared(NOTEBOOKS / f"{name}.ipynb", SUITE_SIZES.get(name))
+        nb, params[name] = prepared(NOTEBOOKS / f"{name}.ipynb", SUITE_SIZES.get(name))
         nbformat.write(nb, work / f"{name}.ipynb")
     # A notebook's cells stay attached while scrolled away (no windowing), so every output can be looked at.
     settings = root / "settings" / "@jupyterlab" / "notebook-extension"
@@ -114,7 +117,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, pathlib
 
         wait_for(answers, lambda: f"jupyter lab did not answer in {START_DEADLINE} s: {log.read_text()[-3000:]}",
                  START_DEADLINE, interval=0.5)
-        yield base, work
+        yield base, work, params
     finally:
         stop_process(proc, group=True)  # the server and the kernels it started
 
@@ -160,11 +163,12 @@ def _drawn(page: Page, prefix: str) -> bool:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_run_all_in_jupyterlab_offline_draws_every_figure_and_dashboard_tab(
-    name: str, lab: tuple[str, pathlib.Path], chromium: Browser, artifacts_dir: pathlib.Path
+    name: str, lab: tuple[str, pathlib.Path, dict[str, dict[str, Any]]], chromium: Browser, artifacts_dir: pathlib.Path
 ) -> None:
     if name == "semi_supervised":
         planetoid_dir()  # Cora; skips where it is not present
-    base, work = lab
+    base, work, sizes = lab
+    params = sizes[name]
     page, errors, outside = _open(chromium, base, name)
     try:
         page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
@@ -177,7 +181,6 @@ def test_run_all_in_jupyterlab_offline_draws_every_figure_and_dashboard_tab(
         result, prefix = figures(name, outputs)
         assert prefix == sys.prefix, f"{name}: the kernel ran in {prefix}, not in {sys.prefix}"
         assert result["notebook"] == name
-        _, params = prepared(NOTEBOOKS / f"{name}.ipynb", SUITE_SIZES.get(name))
         missed = [what for what, ok in CHECKS[name](result, params) if not ok]
         assert not missed, f"{name} at {params}: {missed}; figures {result}"
         assert any((work / "runs").iterdir())  # the run folders went to the notebook's folder

@@ -12,8 +12,9 @@ import dask
 import pytest
 from playwright.sync_api import Browser, Page
 
+from tests.dashboards.runfolder import inline_run
 from tests.processes import wait_for, wait_until
-from tests.ui.browser import inline_run, open_page, page_wait, serve_dashboard
+from tests.ui.browser import open_page, page_wait, serve_dashboard
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(1200)]
 
